@@ -1,0 +1,87 @@
+"""THE list of supported architectures.
+
+Each entry names the architecture as Hugging Face configs spell it, the ATOM class that implements it,
+what it can do, which quantization formats it loads, the transformers class that is its correctness
+reference, and the small config ``atom make-tiny`` builds.  The adapters register every entry with
+their framework and the README's model table is generated from here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from atom_core.errors import UnsupportedArchitectureError
+
+TEXT = "text-generation"
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    name: str  # e.g. "LlamaForCausalLM"
+    model: str  # "module:Class" of the ATOM implementation
+    family: str
+    hf_class: str  # "module:Class" of the transformers reference implementation
+    model_type: str  # transformers' model_type, for building tiny configs
+    capabilities: frozenset[str] = frozenset({TEXT})
+    quant_formats: tuple[str, ...] = ()
+    tiny: dict[str, Any] = field(default_factory=dict)  # config overrides for `atom make-tiny`
+
+    def model_class(self) -> type:
+        module, _, name = self.model.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def hf_model_class(self) -> type:
+        module, _, name = self.hf_class.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+# A tiny dense decoder: every head size the hosts' CPU attention accepts (64), GQA, two layers.
+_TINY_DENSE = dict(
+    vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, max_position_embeddings=512, rms_norm_eps=1e-6,
+)
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    spec.name: spec
+    for spec in [
+        ArchSpec(
+            "LlamaForCausalLM", "atom_core.models.llama:LlamaForCausalLM", "llama",
+            "transformers:LlamaForCausalLM", "llama", tiny=dict(_TINY_DENSE, tie_word_embeddings=False),
+        ),
+        ArchSpec(
+            "MistralForCausalLM", "atom_core.models.llama:MistralForCausalLM", "llama",
+            "transformers:MistralForCausalLM", "mistral", tiny=dict(_TINY_DENSE, sliding_window=32, tie_word_embeddings=False),
+        ),
+        ArchSpec(
+            "Qwen2ForCausalLM", "atom_core.models.llama:Qwen2ForCausalLM", "qwen",
+            "transformers:Qwen2ForCausalLM", "qwen2", tiny=dict(_TINY_DENSE, tie_word_embeddings=True),
+        ),
+        ArchSpec(
+            "Qwen3ForCausalLM", "atom_core.models.llama:Qwen3ForCausalLM", "qwen",
+            "transformers:Qwen3ForCausalLM", "qwen3", tiny=dict(_TINY_DENSE, tie_word_embeddings=False),
+        ),
+    ]
+}
+
+
+def supported() -> list[str]:
+    return sorted(ARCHITECTURES)
+
+
+def get(name: str) -> ArchSpec:
+    if name not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(f"architecture {name!r} is not supported by ATOM; supported: {', '.join(supported())}")
+    return ARCHITECTURES[name]
+
+
+def resolve(hf_config: Any) -> ArchSpec:
+    """The catalog entry for a config's ``architectures``."""
+    names = list(getattr(hf_config, "architectures", None) or [])
+    for name in names:
+        if name in ARCHITECTURES:
+            return ARCHITECTURES[name]
+    raise UnsupportedArchitectureError(
+        f"architecture(s) {names or '(none listed in config.json)'} not supported by ATOM; supported: {', '.join(supported())}"
+    )

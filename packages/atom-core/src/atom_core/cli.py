@@ -1,0 +1,140 @@
+"""The ``atom`` command: ``generate``, ``env`` and ``make-tiny``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-token-ids takes comma-separated integers, got {text!r}") from None
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from atom_core.runtime.runner import Runner
+    from atom_core.runtime.sampler import SamplingParams
+
+    tokenizer = None
+    if args.prompt is not None:
+        tokenizer = _tokenizer(Path(args.model))
+        prompts = [tokenizer.encode(p).ids for p in args.prompt]
+    else:
+        prompts = args.prompt_token_ids
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    runner = Runner(args.model, device=device, dtype=DTYPES[args.dtype], quantization=args.quantization)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed, ignore_eos=args.ignore_eos)
+    outputs = runner.generate(prompts, params)
+    for out in outputs:
+        if args.json:
+            print(json.dumps({"token_ids": out.token_ids, "logprobs": out.logprobs}))
+        else:
+            text = tokenizer.decode(out.token_ids) if tokenizer is not None else " ".join(map(str, out.token_ids))
+            print(text)
+    return 0
+
+
+def _tokenizer(model_dir: Path):
+    from tokenizers import Tokenizer
+
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise SystemExit(f"{model_dir} has no tokenizer.json; pass --prompt-token-ids instead of --prompt")
+    return Tokenizer.from_file(str(path))
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    import atom_kernels
+
+    import atom_core
+    from atom_core import catalog
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "atom_core": atom_core.__version__,
+        "atom_kernels": atom_kernels.__version__,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "rocm": torch.version.hip is not None,
+        "kernel_backends": atom_kernels.describe(device),
+        "architectures": catalog.supported(),
+    }
+    for name in ("triton", "transformers", "safetensors", "aiter", "vllm", "sglang"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception:
+            info[name] = None
+    if args.json:
+        print(json.dumps(info, indent=1))
+    else:
+        for key, value in info.items():
+            if isinstance(value, dict):
+                print(f"{key}:")
+                for k, v in value.items():
+                    print(f"  {k:<20} {v}")
+            else:
+                print(f"{key:<22} {value}")
+    return 0
+
+
+def cmd_make_tiny(args: argparse.Namespace) -> int:
+    from atom_core.tiny import make_tiny
+
+    path = make_tiny(args.arch, args.dir, seed=args.seed, max_shard_size=args.max_shard_size)
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="atom", description="ATOM: run LLMs natively, or inspect the install")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate tokens with ATOM's native runner")
+    gen.add_argument("--model", required=True, help="local checkpoint directory")
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
+    src.add_argument("--prompt-token-ids", action="append", type=_parse_ids, help="comma-separated ids (repeatable)")
+    gen.add_argument("--max-new-tokens", type=int, default=16)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    gen.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
+    gen.add_argument("--quantization", default=None, help="quantize an unquantized checkpoint at load (e.g. ptpc-fp8)")
+    gen.add_argument("--json", action="store_true", help='one {"token_ids", "logprobs"} object per prompt')
+    gen.set_defaults(func=cmd_generate)
+
+    env = sub.add_parser("env", help="versions, device, and the kernel backend each op resolves to")
+    env.add_argument("--json", action="store_true")
+    env.set_defaults(func=cmd_env)
+
+    tiny = sub.add_parser("make-tiny", help="write a small random checkpoint of a catalog architecture")
+    tiny.add_argument("arch")
+    tiny.add_argument("dir")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--max-shard-size", default=None, help="e.g. 200KB, to write a sharded checkpoint")
+    tiny.set_defaults(func=cmd_make_tiny)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

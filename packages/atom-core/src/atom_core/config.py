@@ -1,0 +1,109 @@
+"""Typed view of a Hugging Face ``config.json``: the fields ATOM's models read, normalised across
+transformers' spellings (``rope_parameters`` vs ``rope_theta``/``rope_scaling``, missing ``head_dim``,
+multimodal configs that nest a ``text_config``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from atom_core.errors import CheckpointError
+
+
+def load_hf_config(model_dir: str | Path):
+    """The transformers config object of a local checkpoint directory."""
+    from transformers import AutoConfig
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path} has no config.json")
+    return AutoConfig.from_pretrained(str(path))
+
+
+def read_architectures(model_dir: str | Path) -> list[str]:
+    data = json.loads((Path(model_dir) / "config.json").read_text())
+    return list(data.get("architectures") or [])
+
+
+def text_config(hf_config: Any) -> Any:
+    """The language-model part of a (possibly multimodal) config."""
+    getter = getattr(hf_config, "get_text_config", None)
+    return getter() if getter is not None else hf_config
+
+
+def rope_parameters(cfg: Any) -> dict[str, Any]:
+    """Rope settings as one flat dict with at least ``rope_type`` and ``rope_theta``."""
+    params = getattr(cfg, "rope_parameters", None)
+    if params:
+        params = dict(params)
+    else:
+        params = dict(getattr(cfg, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    params.setdefault("rope_type", params.pop("type", "default"))
+    if params["rope_type"] in ("llama3", "yarn", "longrope"):
+        params.setdefault("original_max_position_embeddings", cfg.max_position_embeddings)
+    prf = getattr(cfg, "partial_rotary_factor", None)
+    if prf is not None:
+        params.setdefault("partial_rotary_factor", prf)
+    return params
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """What a standard decoder-only transformer reads from its config."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position: int
+    rope: dict[str, Any]
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    sliding_windows: tuple[int | None, ...]  # per layer; None = full attention
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.rope.get("partial_rotary_factor", 1.0))
+
+    @classmethod
+    def from_hf(cls, hf_config: Any) -> DecoderConfig:
+        cfg = text_config(hf_config)
+        num_heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
+        num_layers = cfg.num_hidden_layers
+        return cls(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
+            max_position=cfg.max_position_embeddings,
+            rope=rope_parameters(cfg),
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            attention_bias=bool(getattr(cfg, "attention_bias", False)),
+            mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+            sliding_windows=sliding_windows(cfg, num_layers),
+        )
+
+
+def sliding_windows(cfg: Any, num_layers: int) -> tuple[int | None, ...]:
+    """Per-layer sliding window, following transformers' rules: ``layer_types`` when present,
+    else ``sliding_window`` for every layer unless ``use_sliding_window`` is False."""
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types:
+        return tuple(window if t == "sliding_attention" else None for t in layer_types[:num_layers])
+    if getattr(cfg, "use_sliding_window", True) is False:
+        return (None,) * num_layers
+    return (window,) * num_layers

@@ -1,0 +1,2 @@
+"""Building blocks of ATOM's models: TP- and quantization-aware linear layers, norms, rotary
+embeddings, activations, embeddings."""

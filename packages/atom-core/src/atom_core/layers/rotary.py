@@ -1,0 +1,117 @@
+"""Rotary position embeddings and their scalings.
+
+The inverse frequencies follow transformers' ``ROPE_INIT_FUNCTIONS`` for each ``rope_type``; the
+scaling's attention factor (YaRN's mscale) is folded into the cos/sin cache, as transformers
+folds it into cos/sin.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from atom_kernels import rotary_embedding
+
+from atom_core.errors import UnsupportedConfigError
+
+
+def _base_inv_freq(theta: float, dim: int) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _default(p: dict[str, Any], dim: int) -> tuple[torch.Tensor, float]:
+    return _base_inv_freq(p["rope_theta"], dim), 1.0
+
+
+def _linear(p: dict[str, Any], dim: int) -> tuple[torch.Tensor, float]:
+    return _base_inv_freq(p["rope_theta"], dim) / p["factor"], 1.0
+
+
+def _llama3(p: dict[str, Any], dim: int) -> tuple[torch.Tensor, float]:
+    inv_freq = _base_inv_freq(p["rope_theta"], dim)
+    factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+    old_len = p["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled), 1.0
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(p: dict[str, Any], dim: int, max_position: int) -> tuple[torch.Tensor, float]:
+    base, old_len = p["rope_theta"], p["original_max_position_embeddings"]
+    factor = p.get("factor") or max_position / old_len
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = _yarn_mscale(factor)
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation_weight = 1 - ramp
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1.0 / pos_freqs) * extrapolation_weight
+    return inv_freq, float(attention_factor)
+
+
+INV_FREQ: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
+    "default": lambda p, dim, max_pos: _default(p, dim),
+    "linear": lambda p, dim, max_pos: _linear(p, dim),
+    "llama3": lambda p, dim, max_pos: _llama3(p, dim),
+    "yarn": _yarn,
+}
+
+
+def inv_freq_and_scaling(rope: dict[str, Any], rotary_dim: int, max_position: int) -> tuple[torch.Tensor, float]:
+    rope_type = rope.get("rope_type", "default")
+    if rope_type not in INV_FREQ:
+        raise UnsupportedConfigError(f"rope_type {rope_type!r} is not supported; supported: {', '.join(INV_FREQ)}")
+    return INV_FREQ[rope_type](rope, rotary_dim, max_position)
+
+
+def cos_sin_cache(inv_freq: torch.Tensor, max_position: int, scaling: float = 1.0) -> torch.Tensor:
+    """``[max_position, rotary_dim]`` fp32: ``cos`` then ``sin`` of ``position · inv_freq``."""
+    freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :].float()
+    return torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates q and k in place by their positions (NeoX halves or GPT-J pairs; partial rotary)."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any], *, is_neox: bool = True):
+        super().__init__()
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.is_neox = is_neox
+        target = torch.get_default_device()
+        with torch.device("cpu"):  # computed on the CPU as transformers does, then moved
+            inv_freq, scaling = inv_freq_and_scaling(rope, rotary_dim, max_position)
+            cache = cos_sin_cache(inv_freq, max_position, scaling)
+        self.register_buffer("cos_sin_cache", cache.to(target), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None):
+        return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox)
+
+    def extra_repr(self) -> str:
+        return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, neox={self.is_neox}"

@@ -1,0 +1,135 @@
+"""Reading safetensors checkpoints lazily.
+
+A checkpoint is either one ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
+Tensors are yielded as :class:`LazySlice` views: a tensor-parallel rank narrows them to its part
+before anything is read from disk (``safe_open(...).get_slice``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from atom_core.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+if hasattr(torch, "float8_e8m0fnu"):
+    _DTYPES["F8_E8M0"] = torch.float8_e8m0fnu
+
+
+class LazySlice:
+    """A view of one checkpoint tensor that reads from disk only when materialised."""
+
+    def __init__(self, handle: Any, name: str, ranges: tuple[tuple[int, int], ...] | None = None):
+        self._handle = handle
+        self.name = name
+        info = handle.get_slice(name)
+        self._slice = info
+        full = tuple(info.get_shape())
+        self._ranges = ranges if ranges is not None else tuple((0, n) for n in full)
+        self.dtype = _DTYPES.get(info.get_dtype(), info.get_dtype())
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(stop - start for start, stop in self._ranges)
+
+    def dim(self) -> int:
+        return len(self._ranges)
+
+    def narrow(self, dim: int, start: int, length: int) -> LazySlice:
+        dim = dim % self.dim()
+        lo, hi = self._ranges[dim]
+        if start < 0 or length < 0 or lo + start + length > hi:
+            raise ValueError(f"narrow({dim}, {start}, {length}) out of range for shape {tuple(self.shape)}")
+        ranges = list(self._ranges)
+        ranges[dim] = (lo + start, lo + start + length)
+        out = LazySlice.__new__(LazySlice)
+        out._handle, out.name, out._slice, out._ranges, out.dtype = self._handle, self.name, self._slice, tuple(ranges), self.dtype
+        return out
+
+    def reshape(self, *shape: int) -> torch.Tensor:
+        return self.to_tensor().reshape(*shape)
+
+    def to_tensor(self) -> torch.Tensor:
+        if not self._ranges:
+            return self._handle.get_tensor(self.name)
+        return self._slice[tuple(slice(start, stop) for start, stop in self._ranges)]
+
+    def __repr__(self) -> str:
+        return f"LazySlice({self.name!r}, shape={tuple(self.shape)}, dtype={self.dtype})"
+
+
+class Checkpoint:
+    """The safetensors files of a model directory and the tensors each holds."""
+
+    def __init__(self, model_dir: str | Path):
+        self.model_dir = Path(model_dir)
+        self.weight_map = self._weight_map()
+
+    def _weight_map(self) -> dict[str, str]:
+        index = self.model_dir / INDEX_FILE
+        if index.is_file():
+            weight_map = json.loads(index.read_text()).get("weight_map")
+            if not weight_map:
+                raise CheckpointError(f"{index} has no weight_map")
+            missing: dict[str, list[str]] = {}
+            for name, file in weight_map.items():
+                if not (self.model_dir / file).is_file():
+                    missing.setdefault(file, []).append(name)
+            if missing:
+                detail = "; ".join(f"{file} (holds {len(names)} tensors, e.g. {names[0]})" for file, names in missing.items())
+                raise CheckpointError(f"checkpoint {self.model_dir} is missing shard(s): {detail}")
+            return dict(weight_map)
+        single = self.model_dir / SINGLE_FILE
+        if single.is_file():
+            with safe_open(str(single), framework="pt") as handle:
+                return {name: SINGLE_FILE for name in handle.keys()}
+        others = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
+        if others:
+            weight_map = {}
+            for file in others:
+                with safe_open(str(self.model_dir / file), framework="pt") as handle:
+                    weight_map.update({name: file for name in handle.keys()})
+            return weight_map
+        raise CheckpointError(f"{self.model_dir} holds no safetensors weights ({SINGLE_FILE} or {INDEX_FILE})")
+
+    @property
+    def files(self) -> list[str]:
+        return sorted(set(self.weight_map.values()))
+
+    def __iter__(self) -> Iterator[tuple[str, LazySlice]]:
+        return self.tensors()
+
+    def tensors(self, progress: bool | None = None) -> Iterator[tuple[str, LazySlice]]:
+        """Every tensor as ``(name, LazySlice)``, file by file, with a progress bar on long loads."""
+        by_file: dict[str, list[str]] = {}
+        for name, file in self.weight_map.items():
+            by_file.setdefault(file, []).append(name)
+        show = progress if progress is not None else len(self.weight_map) > 2000 or len(by_file) > 4
+        bar = tqdm(total=len(self.weight_map), desc="loading weights", unit="tensor", disable=not show)
+        try:
+            for file in sorted(by_file):
+                with safe_open(str(self.model_dir / file), framework="pt") as handle:
+                    present = set(handle.keys())
+                    for name in by_file[file]:
+                        if name not in present:
+                            raise CheckpointError(f"{file} does not hold {name}, which the index places there")
+                        yield name, LazySlice(handle, name)
+                        bar.update(1)
+        finally:
+            bar.close()

@@ -1,0 +1,1 @@
+"""One module per model family; :mod:`atom_core.catalog` lists which class serves which architecture."""

@@ -1,0 +1,35 @@
+"""What every ATOM causal language model offers its host."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from atom_core.loader import WeightMapper, load_weights
+
+
+class CausalLM(nn.Module):
+    """``forward`` returns hidden states; ``compute_logits`` turns the ones a host samples from into
+    logits; ``load_weights`` consumes ``(checkpoint_name, tensor)`` pairs."""
+
+    weight_mapper: ClassVar[WeightMapper]
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def mapper(self) -> WeightMapper:
+        """The mapper for this instance (tied embeddings make the checkpoint's lm_head an extra)."""
+        return self.weight_mapper
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]], *, strict: bool = True) -> set[str]:
+        return load_weights(self, weights, self.mapper(), strict=strict)
+
+    @classmethod
+    def packed_modules_mapping(cls) -> dict[str, list[str]]:
+        return cls.weight_mapper.packed_modules_mapping

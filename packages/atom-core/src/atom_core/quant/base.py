@@ -1,0 +1,90 @@
+"""The quantization interface every scheme implements, and the scheme registry."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from atom_core.errors import UnsupportedQuantizationError
+from atom_core.layers.params import make_param
+
+if TYPE_CHECKING:
+    from atom_core.layers.linear import LinearBase
+
+
+class LinearMethod:
+    """How one linear layer stores and applies its weight."""
+
+    def create_weights(self, layer: LinearBase, params_dtype: torch.dtype) -> None:
+        raise NotImplementedError
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: LinearBase) -> None:
+        """Convert on-disk layouts into the layout the kernel wants (after every tensor is loaded)."""
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    def create_weights(self, layer: LinearBase, params_dtype: torch.dtype) -> None:
+        layer.weight = make_param(
+            (sum(layer.out_partitions), layer.in_partition), params_dtype, output_dim=0, input_dim=1
+        )
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+class QuantConfig:
+    """A parsed ``quantization_config``.  Subclasses register under their ``quant_method`` names."""
+
+    name: str = ""
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> QuantConfig:
+        raise NotImplementedError
+
+    def linear_method(self, layer: LinearBase, prefix: str) -> LinearMethod | None:
+        """The method for the layer at ``prefix``; None keeps it unquantized (excluded layers)."""
+        raise NotImplementedError
+
+
+_SCHEMES: dict[str, type[QuantConfig]] = {}
+
+
+def register_scheme(*quant_methods: str):
+    def wrap(cls: type[QuantConfig]) -> type[QuantConfig]:
+        for method in quant_methods:
+            _SCHEMES[method] = cls
+        return cls
+
+    return wrap
+
+
+def supported_schemes() -> list[str]:
+    return sorted(_SCHEMES)
+
+
+def parse_quant_config(hf_config: Any, online: str | None = None) -> QuantConfig | None:
+    """The scheme of a checkpoint's ``quantization_config`` (None when unquantized), or, with
+    ``online``, the scheme that quantizes an unquantized checkpoint's weights at load."""
+    qcfg = getattr(hf_config, "quantization_config", None)
+    if qcfg and not isinstance(qcfg, dict):
+        qcfg = qcfg.to_dict()
+    if online:
+        if qcfg:
+            raise UnsupportedQuantizationError(
+                f"the checkpoint is already quantized ({qcfg.get('quant_method')!r}); online {online!r} applies to "
+                "unquantized checkpoints only"
+            )
+        qcfg = {"quant_method": online, "online": True}
+    if not qcfg:
+        return None
+    method = qcfg.get("quant_method")
+    if method not in _SCHEMES:
+        raise UnsupportedQuantizationError(
+            f"unsupported quantization scheme {method!r}; supported: {', '.join(supported_schemes()) or 'none'}"
+        )
+    return _SCHEMES[method].from_config(qcfg)

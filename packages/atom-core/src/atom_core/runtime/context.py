@@ -1,0 +1,54 @@
+"""Per-step metadata the native host's attention reads (set by the runner before each forward)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class StepContext:
+    """One forward step over a batch of sequences, each contributing ``query_lens[b]`` new tokens.
+
+    ``slot_mapping[t]``: the KV-cache slot token t writes (negative: a padding token, not written).
+    ``slot_table[b, j]``: the slot of sequence b's j-th context token, for j < ``seq_lens[b]``.
+    """
+
+    query_lens: list[int]
+    seq_lens: list[int]
+    slot_mapping: torch.Tensor
+    slot_table: torch.Tensor
+    _masks: dict[int | None, torch.Tensor] = field(default_factory=dict, repr=False)
+    _token_index: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens)
+
+    def token_index(self) -> torch.Tensor:
+        """Flat index into ``[B * max_query_len]`` of each packed token (for padding/unpadding)."""
+        if self._token_index is None:
+            width = self.max_query_len
+            self._token_index = torch.cat(
+                [b * width + torch.arange(n) for b, n in enumerate(self.query_lens)]
+            ).to(self.slot_mapping.device)
+        return self._token_index
+
+    def mask(self, sliding_window: int | None) -> torch.Tensor:
+        """``[B, 1, max_query_len, max_seq_len]`` bool: key j visible to query i of sequence b."""
+        if sliding_window not in self._masks:
+            device = self.slot_mapping.device
+            seq = torch.tensor(self.seq_lens, device=device)[:, None, None]
+            start = seq - torch.tensor(self.query_lens, device=device)[:, None, None]
+            q_pos = start + torch.arange(self.max_query_len, device=device)[None, :, None]
+            k_pos = torch.arange(self.slot_table.shape[1], device=device)[None, None, :]
+            visible = (k_pos <= q_pos) & (k_pos < seq)
+            if sliding_window is not None:
+                visible &= q_pos - k_pos < sliding_window
+            self._masks[sliding_window] = visible[:, None]
+        return self._masks[sliding_window]

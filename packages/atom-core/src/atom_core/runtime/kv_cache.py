@@ -1,0 +1,59 @@
+"""A paged KV cache: fixed-size blocks of slots, handed to sequences as they grow."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+class BlockAllocator:
+    def __init__(self, num_blocks: int):
+        self.free = list(range(num_blocks - 1, -1, -1))
+
+    def allocate(self) -> int:
+        if not self.free:
+            raise RuntimeError("KV cache out of blocks")
+        return self.free.pop()
+
+    def release(self, blocks: list[int]) -> None:
+        self.free.extend(reversed(blocks))
+
+
+@dataclass
+class SequenceSlots:
+    """The blocks one sequence holds and how many of its slots are filled."""
+
+    blocks: list[int] = field(default_factory=list)
+    length: int = 0
+
+    def grow(self, new_tokens: int, block_size: int, allocator: BlockAllocator) -> list[int]:
+        """Reserve slots for ``new_tokens`` more tokens; returns their slot ids."""
+        slots = []
+        for pos in range(self.length, self.length + new_tokens):
+            if pos // block_size >= len(self.blocks):
+                self.blocks.append(allocator.allocate())
+            slots.append(self.blocks[pos // block_size] * block_size + pos % block_size)
+        self.length += new_tokens
+        return slots
+
+    def slot_row(self, block_size: int, width: int) -> list[int]:
+        row = [self.blocks[pos // block_size] * block_size + pos % block_size for pos in range(self.length)]
+        return row + [0] * (width - len(row))
+
+
+class KVCache:
+    """Per attention layer, K and V of shape ``[num_blocks * block_size, num_kv_heads, head_dim]``."""
+
+    def __init__(self, layer_shapes: list[tuple[int, int]], num_blocks: int, block_size: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.layers = [
+            (
+                torch.zeros(num_blocks * block_size, kv_heads, head_dim, dtype=dtype, device=device),
+                torch.zeros(num_blocks * block_size, kv_heads, head_dim, dtype=dtype, device=device),
+            )
+            for kv_heads, head_dim in layer_shapes
+        ]
+        self.allocator = BlockAllocator(num_blocks)

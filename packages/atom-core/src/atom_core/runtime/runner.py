@@ -1,0 +1,154 @@
+"""Run an ATOM model natively: load a checkpoint directory, prefill a batch of prompts together, then
+decode them step by step over the paged KV cache."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from atom_core import catalog
+from atom_core.config import load_hf_config, text_config
+from atom_core.host import TensorParallel
+from atom_core.loader import Checkpoint
+from atom_core.quant import parse_quant_config
+from atom_core.runtime.context import StepContext
+from atom_core.runtime.host import NativeHost
+from atom_core.runtime.kv_cache import SequenceSlots
+from atom_core.runtime.sampler import SamplingParams, sample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class Runner:
+    def __init__(self, model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 block_size: int = 16, tp: TensorParallel | None = None, quantization: str | None = None):
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.block_size = block_size
+        self.hf_config = load_hf_config(self.model_dir)
+        self.spec = catalog.resolve(self.hf_config)
+        quant = parse_quant_config(self.hf_config, online=quantization)
+        self.host = NativeHost(tp=tp, quant=quant)
+        with torch.device(self.device), _default_dtype(dtype):
+            self.model = self.spec.model_class()(self.hf_config, self.host)
+        self.model.load_weights(Checkpoint(self.model_dir))
+        self.model.eval()
+        self.eos_token_ids = _eos_ids(self.hf_config, self.model_dir)
+
+    # ------------------------------------------------------------------------------------- steps
+    def _ensure_cache(self, slots_needed: int) -> None:
+        blocks = -(-slots_needed // self.block_size)
+        cache = self.host.kv_cache
+        if cache is None or cache.num_blocks < blocks:
+            self.host.allocate_kv_cache(blocks, self.block_size, self.dtype, self.device)
+
+    def _step(self, seqs: list[SequenceSlots], new_tokens: list[list[int]]) -> torch.Tensor:
+        """Run the model over each sequence's new tokens; returns hidden states ``[sum(new), H]``."""
+        allocator = self.host.kv_cache.allocator
+        starts = [s.length for s in seqs]
+        slot_mapping = [slot for s, toks in zip(seqs, new_tokens) for slot in s.grow(len(toks), self.block_size, allocator)]
+        width = max(s.length for s in seqs)
+        ctx = StepContext(
+            query_lens=[len(t) for t in new_tokens],
+            seq_lens=[s.length for s in seqs],
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=self.device),
+            slot_table=torch.tensor([s.slot_row(self.block_size, width) for s in seqs], dtype=torch.int64, device=self.device),
+        )
+        input_ids = torch.tensor([t for toks in new_tokens for t in toks], dtype=torch.int64, device=self.device)
+        positions = torch.tensor(
+            [p for start, toks in zip(starts, new_tokens) for p in range(start, start + len(toks))],
+            dtype=torch.int64, device=self.device,
+        )
+        self.host.context = ctx
+        try:
+            return self.model(input_ids, positions)
+        finally:
+            self.host.context = None
+
+    @torch.inference_mode()
+    def prompt_logits(self, prompts: list[list[int]]) -> list[torch.Tensor]:
+        """Logits at every position of each prompt, all prompts prefilled in one batch."""
+        self._ensure_cache(sum(len(p) for p in prompts) + self.block_size * len(prompts))
+        seqs = [SequenceSlots() for _ in prompts]
+        try:
+            hidden = self._step(seqs, prompts)
+            logits = self.model.compute_logits(hidden).float()
+            return list(logits.split([len(p) for p in prompts]))
+        finally:
+            self.host.kv_cache.allocator.release([b for s in seqs for b in s.blocks])
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[GenerationOutput]:
+        params = params or SamplingParams()
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        limit = self.model.decoder_config.max_position if hasattr(self.model, "decoder_config") else None
+        if limit is not None and max(len(p) for p in prompts) + params.max_new_tokens > limit:
+            raise ValueError(f"prompt + max_new_tokens exceeds the model's {limit} positions")
+        self._ensure_cache(sum(len(p) + params.max_new_tokens for p in prompts) + self.block_size * len(prompts))
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        outputs = [GenerationOutput(list(p)) for p in prompts]
+        seqs = [SequenceSlots() for _ in prompts]
+        active = list(range(len(prompts)))
+        pending = [list(p) for p in prompts]
+        try:
+            while active:
+                hidden = self._step([seqs[i] for i in active], [pending[i] for i in active])
+                last = torch.tensor([len(pending[i]) for i in active], device=self.device).cumsum(0) - 1
+                tokens, logprobs = sample(self.model.compute_logits(hidden[last]), params, generator)
+                still = []
+                for i, token, logprob in zip(active, tokens.tolist(), logprobs.tolist()):
+                    out = outputs[i]
+                    out.token_ids.append(token)
+                    out.logprobs.append(logprob)
+                    if not params.ignore_eos and token in self.eos_token_ids:
+                        out.finish_reason = "stop"
+                    elif len(out.token_ids) >= params.max_new_tokens:
+                        out.finish_reason = "length"
+                    else:
+                        pending[i] = [token]
+                        still.append(i)
+                active = still
+        finally:
+            self.host.kv_cache.allocator.release([b for s in seqs for b in s.blocks])
+        return outputs
+
+
+class _default_dtype:
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+    def __enter__(self):
+        self.previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc):
+        torch.set_default_dtype(self.previous)
+
+
+def _eos_ids(hf_config, model_dir: Path) -> set[int]:
+    ids: set[int] = set()
+    for source in (text_config(hf_config), hf_config):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update(eos if isinstance(eos, list) else [eos])
+    gen = model_dir / "generation_config.json"
+    if gen.is_file():
+        import json
+
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        if eos is not None:
+            ids.update(eos if isinstance(eos, list) else [eos])
+    return ids

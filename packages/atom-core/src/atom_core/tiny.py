@@ -1,0 +1,69 @@
+"""Small random checkpoints for any catalog architecture (``atom make-tiny``).
+
+The weights are written by the architecture's transformers reference class (``save_pretrained``), so
+the checkpoint's names and layout are exactly Hugging Face's — the thing ATOM's loader must read.
+A small byte-level BPE tokenizer is trained on a built-in text and saved beside them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from atom_core import catalog
+
+EOS_TOKEN = "<|endoftext|>"
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. ATOM runs modern language models inside the serving
+frameworks people already use. A tiny model has random weights, so what it says means nothing, but
+every number it computes must match the reference implementation exactly. Hello world! 0123456789
+"""
+
+
+def build_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer with at most ``vocab_size`` tokens, ``<|endoftext|>`` among them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=min(vocab_size, 384), special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tokenizer.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    return tokenizer
+
+
+def tiny_config(arch: str, **overrides: Any):
+    from transformers import AutoConfig
+
+    spec = catalog.get(arch)
+    kwargs = {**spec.tiny, **overrides}
+    config = AutoConfig.for_model(spec.model_type, **kwargs)
+    config.architectures = [arch]
+    return config
+
+
+def make_tiny(arch: str, out_dir: str | Path, *, seed: int = 0, max_shard_size: str | int | None = None,
+              dtype: torch.dtype = torch.float32, **overrides: Any) -> Path:
+    """Write config, random weights (``seed``) and a tokenizer for ``arch`` into ``out_dir``."""
+    spec = catalog.get(arch)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(spec.tiny.get("vocab_size", 512))
+    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    config = tiny_config(arch, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, **overrides)
+    torch.manual_seed(seed)
+    model = spec.hf_model_class()(config).to(dtype)
+    save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
+    model.save_pretrained(str(out), safe_serialization=True, **save_kwargs)
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN, "model_max_length": config.max_position_embeddings,
+    }, indent=1))
+    return out

@@ -1,0 +1,187 @@
+"""Backend choice for every op.
+
+Order of preference: ``aiter`` (ROCm, when the ``aiter`` package imports) > ``triton`` (any GPU, or the
+CPU through ``TRITON_INTERPRET=1`` when asked for explicitly) > ``reference`` (plain torch, anywhere).
+
+``ATOM_KERNEL_BACKEND`` overrides the choice: either one backend for every op (``triton``) or a
+comma-separated list of ``op=backend`` pairs (``rms_norm=reference,silu_and_mul=triton``), optionally
+with a default first (``triton,rms_norm=reference``).  A backend that is asked for but cannot run is a
+clear error, never a silent substitute.
+
+Each backend module of an op exposes the op's function under the op's name and, optionally,
+``unsupported(*args, **kwargs) -> str | None``: a pure precondition check.  When it returns a reason the
+dispatcher moves on to the next backend in the order (fast paths fall back, they never fail).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+BACKENDS: tuple[str, ...] = ("aiter", "triton", "reference")
+ENV_OVERRIDE = "ATOM_KERNEL_BACKEND"
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend was requested explicitly but cannot run here."""
+
+
+@functools.cache
+def _aiter_present() -> bool:
+    return torch.version.hip is not None and importlib.util.find_spec("aiter") is not None
+
+
+@functools.cache
+def _triton_present() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def backend_unavailable_reason(backend: str, device_type: str) -> str | None:
+    """Why ``backend`` cannot run tensors of ``device_type`` here (None when it can)."""
+    if backend == "reference":
+        return None
+    if backend == "aiter":
+        if device_type != "cuda":
+            return "aiter runs only on GPU tensors"
+        if not _aiter_present():
+            return "aiter needs a ROCm build of torch and the aiter package"
+        return None
+    if backend == "triton":
+        if not _triton_present():
+            return "the triton package is not installed"
+        if device_type == "cuda" or (device_type == "cpu" and triton_interpreting()):
+            return None
+        return f"triton cannot run {device_type} tensors (TRITON_INTERPRET=1 runs CPU tensors)"
+    return f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}"
+
+
+def parse_override(value: str | None) -> tuple[str | None, dict[str, str]]:
+    """``"triton,rms_norm=reference"`` -> (``"triton"``, ``{"rms_norm": "reference"}``)."""
+    default: str | None = None
+    per_op: dict[str, str] = {}
+    for item in (value or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" in item:
+            op, backend = (part.strip() for part in item.split("=", 1))
+            per_op[op] = backend
+        else:
+            default = item
+    for backend in [default, *per_op.values()]:
+        if backend is not None and backend not in BACKENDS:
+            raise ValueError(
+                f"{ENV_OVERRIDE}={value!r} names unknown backend {backend!r}; known: {', '.join(BACKENDS)}"
+            )
+    return default, per_op
+
+
+def candidate_backends(op: Op, device_type: str, override: str | None) -> tuple[str, ...]:
+    """The backends to try, in order, for ``op`` on ``device_type`` under the given override."""
+    default, per_op = parse_override(override)
+    forced = per_op.get(op.name, default)
+    if forced is not None:
+        if forced not in op.backends:
+            raise BackendUnavailable(f"op {op.name!r} has no {forced!r} backend (it has {', '.join(op.backends)})")
+        reason = backend_unavailable_reason(forced, device_type)
+        if reason is not None:
+            raise BackendUnavailable(f"{ENV_OVERRIDE} asks for {forced!r} for op {op.name!r}: {reason}")
+        # A forced fast path still falls back to the reference when a call breaks its preconditions.
+        return (forced, "reference") if forced != "reference" else ("reference",)
+    chosen = []
+    for backend in op.backends:
+        if backend == "triton" and device_type != "cuda":
+            continue  # the interpreter is for tests, used only when asked for
+        if backend_unavailable_reason(backend, device_type) is None:
+            chosen.append(backend)
+    return tuple(chosen)
+
+
+@dataclass
+class Op:
+    """One public op: its name and the backends it has, each in ``<package>.<backend>``."""
+
+    name: str
+    package: str
+    backends: tuple[str, ...]
+    _impls: dict[str, tuple[Callable[..., Any], Callable[..., str | None] | None]] = field(
+        default_factory=dict, repr=False
+    )
+    _plans: dict[tuple[str, str | None], tuple[str, ...]] = field(default_factory=dict, repr=False)
+
+    def implementation(self, backend: str) -> tuple[Callable[..., Any], Callable[..., str | None] | None]:
+        if backend not in self._impls:
+            module = importlib.import_module(f"{self.package}.{backend}")
+            self._impls[backend] = (getattr(module, self.name), getattr(module, "unsupported", None))
+        return self._impls[backend]
+
+    def plan(self, device_type: str) -> tuple[str, ...]:
+        override = os.environ.get(ENV_OVERRIDE)
+        key = (device_type, override)
+        if key not in self._plans:
+            self._plans[key] = candidate_backends(self, device_type, override)
+        return self._plans[key]
+
+    def resolve(self, *args: Any, **kwargs: Any) -> tuple[str, Callable[..., Any]]:
+        """The backend that will run this call, and its function."""
+        device_type = _device_type(args, kwargs)
+        reasons = []
+        for backend in self.plan(device_type):
+            fn, unsupported = self.implementation(backend)
+            reason = unsupported(*args, **kwargs) if unsupported is not None else None
+            if reason is None:
+                return backend, fn
+            reasons.append(f"{backend}: {reason}")
+            logger.debug("%s falls back from %s: %s", self.name, backend, reason)
+        raise BackendUnavailable(f"no backend of {self.name!r} accepts this call ({'; '.join(reasons)})")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _, fn = self.resolve(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    def call_backend(self, backend: str, *args: Any, **kwargs: Any) -> Any:
+        """Run one backend directly (tests and benchmarks)."""
+        fn, _ = self.implementation(backend)
+        return fn(*args, **kwargs)
+
+
+def _device_type(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device.type
+    return "cpu"
+
+
+OPS: dict[str, Op] = {}
+
+
+def register_op(name: str, package: str, backends: tuple[str, ...] = BACKENDS) -> Op:
+    """Declare an op; its backend modules are imported on first use."""
+    op = Op(name=name, package=package, backends=tuple(b for b in BACKENDS if b in backends))
+    OPS[name] = op
+    return op
+
+
+def describe(device_type: str) -> dict[str, str]:
+    """Which backend each registered op resolves to first on ``device_type`` (for ``atom env``)."""
+    table = {}
+    for name, op in sorted(OPS.items()):
+        try:
+            table[name] = op.plan(device_type)[0]
+        except (BackendUnavailable, ValueError) as err:
+            table[name] = f"error: {err}"
+    return table

@@ -1,0 +1,28 @@
+"""Comparison helpers shared by the kernel tests."""
+
+from __future__ import annotations
+
+import torch
+
+# ‖out - ref‖ / ‖ref‖ bounds per dtype: fp32 arithmetic differs only in summation order;
+# bf16/fp16 outputs are rounded once more than the fp32 reference, and Triton's CPU interpreter
+# rounds fp32 -> bf16 by truncation (1 ulp = 2^-8) where the GPU rounds to nearest.  Wrong indexing
+# or a missing element shows as an error of order 1.
+REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64, ref64 = out.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(out64).all(), "non-finite output"
+    return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None, tol: float | None = None):
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    bound = tol if tol is not None else REL_TOL[dtype or ref.dtype]
+    err = rel_err(out, ref)
+    assert err <= bound, f"relative error {err:.3e} > {bound:.1e}"
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", gen=None, scale=1.0):
+    return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(dtype=dtype, device=device)
