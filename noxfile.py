@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import tomllib
 from pathlib import Path
 
 import nox
+import tomllib
 
 ROOT = Path(__file__).parent
 PINS = tomllib.loads((ROOT / "ci" / "pins.toml").read_text())
@@ -37,6 +37,8 @@ def scratch_env(name: str) -> dict[str, str]:
         "TRITON_CACHE_DIR": str(base / "triton"),
         "TORCHINDUCTOR_CACHE_DIR": str(base / "inductor"),
         "XDG_CACHE_HOME": str(base / "xdg"),
+        "HATCH_DATA_DIR": str(base / "hatch-data"),
+        "HATCH_CACHE_DIR": str(base / "hatch-cache"),
         "HF_HUB_OFFLINE": "1",
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     }

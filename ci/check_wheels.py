@@ -4,10 +4,11 @@ script and plugin entry points declared, and dependencies pointing only down the
 from __future__ import annotations
 
 import sys
-import tomllib
 import zipfile
 from email.parser import Parser
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 # distribution -> ATOM distributions it may depend on (arrows only point down)

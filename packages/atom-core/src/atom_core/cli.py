@@ -55,9 +55,8 @@ def _tokenizer(model_dir: Path):
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    import atom_kernels
-
     import atom_core
+    import atom_kernels
     from atom_core import catalog
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -9,7 +9,8 @@ checkpoint tensor and split over the ranks on its own.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn

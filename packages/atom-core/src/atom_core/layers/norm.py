@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from atom_kernels import rms_norm
-
 from atom_core.layers.params import make_param
+from atom_kernels import rms_norm
 
 
 class RMSNorm(nn.Module):

@@ -7,7 +7,8 @@ checkpoint tensor without knowing which layer the parameter belongs to.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -8,14 +8,14 @@ folds it into cos/sin.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from atom_kernels import rotary_embedding
-
 from atom_core.errors import UnsupportedConfigError
+from atom_kernels import rotary_embedding
 
 
 def _base_inv_freq(theta: float, dim: int) -> torch.Tensor:
