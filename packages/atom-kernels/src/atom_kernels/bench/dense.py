@@ -27,7 +27,8 @@ def _cases(tokens: int):
     gate_up = torch.randn(tokens, 2 * INTER, device="cuda", dtype=dt)
     qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD, device="cuda", dtype=dt)
     q, k = qkv[:, : HEADS * HEAD], qkv[:, HEADS * HEAD : (HEADS + KV_HEADS) * HEAD]
-    cache = torch.randn(8192, HEAD, device="cuda", dtype=torch.float32)
+    angles = torch.rand(8192, HEAD // 2, device="cuda") * 6.28  # a real cos|sin cache keeps repeated in-place rotation bounded
+    cache = torch.cat([angles.cos(), angles.sin()], dim=-1)
     pos = torch.randint(0, 8192, (tokens,), device="cuda")
     el = 2
     return [
