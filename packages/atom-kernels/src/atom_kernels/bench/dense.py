@@ -6,16 +6,17 @@ from __future__ import annotations
 import torch
 
 from atom_kernels import rms_norm, rotary_embedding, silu_and_mul
-from atom_kernels.bench.timing import median_us
+from atom_kernels.bench.timing import measure
 
 TOKENS = (1, 256, 8192)
 HIDDEN, INTER = 4096, 14336  # Llama-3-8B
 HEADS, KV_HEADS, HEAD = 32, 8, 128
 
 
-def _row(op, impl, tokens, us, nbytes, ctx):
+def _row(op, impl, tokens, timing, nbytes, ctx):
+    us = timing["us"]
     floor_us = nbytes / ctx["copy_bytes_per_s"] * 1e6
-    return {"op": op, "impl": impl, "tokens": tokens, "us": us, "bytes": nbytes,
+    return {"op": op, "impl": impl, "tokens": tokens, "us": us, "graph": timing["graph"], "bytes": nbytes,
             "TBps": nbytes / (us * 1e-6) / 1e12, "floor_us": floor_us, "x_floor": us / floor_us}
 
 
@@ -43,11 +44,12 @@ def run(ctx: dict) -> list[dict]:
     for tokens in TOKENS:
         for name, args, nbytes, op in _cases(tokens):
             ref = lambda a=args, o=op: o.call_backend("reference", *a)
+            torch._dynamo.reset()  # a fresh compile per case (dynamo caches per code object)
             compiled = torch.compile(ref, dynamic=False)
             for impl, fn in (("atom-triton", lambda a=args, o=op: o.call_backend("triton", *a)),
                              ("torch-eager", ref), ("torch-compile", compiled)):
                 try:
-                    rows.append(_row(name, impl, tokens, median_us(fn), nbytes, ctx))
+                    rows.append(_row(name, impl, tokens, measure(fn), nbytes, ctx))
                 except Exception as err:  # a peer that fails to build must not hide the others
                     rows.append({"op": name, "impl": impl, "tokens": tokens, "error": repr(err)[:200]})
     return rows
