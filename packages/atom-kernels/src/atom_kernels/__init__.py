@@ -2,10 +2,17 @@
 AITER wrapper (ROCm), chosen by :mod:`atom_kernels.dispatch`."""
 
 from atom_kernels.dispatch import OPS, describe
+from atom_kernels.ops.fp8_block_mm import fp8_block_mm
+from atom_kernels.ops.fp8_scaled_mm import fp8_scaled_mm
+from atom_kernels.ops.mxfp4_mm import mxfp4_mm
+from atom_kernels.ops.quant_fp8 import quant_fp8
 from atom_kernels.ops.rms_norm import rms_norm
 from atom_kernels.ops.rotary_embedding import rotary_embedding
 from atom_kernels.ops.silu_and_mul import silu_and_mul
 
 __version__ = "0.1.0"
 
-__all__ = ["OPS", "describe", "rms_norm", "rotary_embedding", "silu_and_mul", "__version__"]
+__all__ = [
+    "OPS", "describe", "fp8_block_mm", "fp8_scaled_mm", "mxfp4_mm", "quant_fp8", "rms_norm", "rotary_embedding",
+    "silu_and_mul", "__version__",
+]
