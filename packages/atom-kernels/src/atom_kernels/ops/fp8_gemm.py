@@ -30,6 +30,14 @@ CONFIGS: dict[str, dict] = {
 }
 
 
+# Decode-shape alternatives the bench times (each merged over CONFIGS["decode"]).
+SWEEP: list[dict] = [
+    dict(block_p=bp, block_k=bk, split_k=sk)
+    for bp, bk in ((64, 256), (128, 128), (64, 128))
+    for sk in (1, 2, "auto")
+]
+
+
 def shape_class(m: int) -> str:
     if m <= 16:
         return "decode"

@@ -45,12 +45,10 @@ CONFIGS: dict[str, dict] = {
 
 # Decode-shape alternatives the bench times (each merged over CONFIGS["decode"]).
 SWEEP: list[dict] = [
-    dict(block_n=bn, block_k=bk, split_k=sk, num_warps=nw, num_stages=ns)
-    for bn, bk, nw in ((64, 256, 4), (64, 128, 4), (64, 512, 4), (128, 256, 4), (128, 128, 8), (128, 256, 8))
+    dict(block_n=bn, block_k=bk, split_k=sk, num_warps=nw, num_stages=4)
+    for bn, bk, nw in ((64, 256, 4), (64, 128, 4), (64, 512, 4), (128, 256, 4), (128, 128, 8))
     for sk in (1, 2, 4)
-    for ns in (3, 5)
-]
-
+] + [dict(block_n=64, block_k=256, split_k="auto", num_warps=4, num_stages=ns) for ns in (3, 6)]
 
 def shape_class(m: int) -> str:
     if m <= 16:
