@@ -28,6 +28,7 @@ TOKENS = (1, 16, 256, 4096)
 SHAPES = {"8192x8192": (8192, 8192), "moe-gpt-oss-w13": (5760, 2880)}  # (N, K)
 L2_BYTES = 60 << 20  # rotate weight copies until they exceed this
 MXFP4_TARGET = 2.5  # speedup over bf16 at M <= 16
+QUANT_CASES = ((4096, 8192, None), (4096, 8192, 128), (16, 8192, None))  # (M, K, group) of quant_fp8 rows
 # Peer numbers measured on an H200: the checkout's shared/anchors, else the team's shared folder.
 _ANCHOR_DIRS = (Path(__file__).resolve().parents[5] / "shared" / "anchors", Path("/work/shared/anchors"))
 
@@ -89,7 +90,7 @@ class _Case:
 
 def _gemm_rows(case: _Case, sweep: bool) -> list[dict]:
     m, n, k = case.m, case.n, case.k
-    dev, bf16 = "cuda", torch.bfloat16
+    dev, bf16 = case.ctx.get("device", "cuda"), torch.bfloat16
     x = torch.randn(m, k, device=dev, dtype=bf16)
     w = torch.randn(n, k, device=dev, dtype=bf16) * 0.02
     rows = []
@@ -155,8 +156,8 @@ def _gemm_rows(case: _Case, sweep: bool) -> list[dict]:
 
 def _quant_rows(ctx: dict) -> list[dict]:
     rows = []
-    for m, k, group in ((4096, 8192, None), (4096, 8192, 128), (16, 8192, None)):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    for m, k, group in QUANT_CASES:
+        x = torch.randn(m, k, device=ctx.get("device", "cuda"), dtype=torch.bfloat16)
         nbytes = m * k * 3 + m * 4 * (1 if group is None else k // group)
         timing = measure(lambda x=x, g=group: quant_fp8.call_backend("triton", x, g))
         floor_us = nbytes / ctx["copy_bytes_per_s"] * 1e6
@@ -200,6 +201,7 @@ def run(ctx: dict) -> list[dict]:
         for m in TOKENS if not quick else (1, 16, 4096):
             case = _Case(shape, n, k, m, ctx, peers)
             rows.extend(_gemm_rows(case, sweep=m <= 16 and (shape == "8192x8192" or not quick)))
-            torch.cuda.empty_cache()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     rows.extend(_quant_rows(ctx))
     return rows + _summaries(rows)
