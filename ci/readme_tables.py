@@ -46,7 +46,8 @@ def render(readme: str) -> str:
         pattern = re.compile(rf"(<!-- BEGIN GENERATED: {name} -->\n)(?:.*?\n)?(<!-- END GENERATED: {name} -->)", re.S)
         if not pattern.search(readme):
             raise SystemExit(f"README.md has no generated section {name!r}")
-        readme = pattern.sub(lambda m, t=make(): m.group(1) + t + "\n" + m.group(2), readme)
+        table = make()
+        readme = pattern.sub(lambda m, t=table: m.group(1) + t + "\n" + m.group(2), readme)
     return readme
 
 
