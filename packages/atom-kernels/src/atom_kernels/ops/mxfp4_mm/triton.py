@@ -94,6 +94,35 @@ def _decode_pair(words, SHIFT: tl.constexpr, EXACT: tl.constexpr):
 
 
 @triton.jit
+def decode_mxfp4_tile(words, e, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT: tl.constexpr,
+                      SHIFT: tl.constexpr):
+    """``words [BLOCK_N, BLOCK_K/32, 4]`` int32 (8 codes each) and ``e [BLOCK_N, BLOCK_K/32]`` e8m0 ->
+    the weight tile ``[BLOCK_N, BLOCK_K]`` times ``2**-SHIFT``, K in the MMA order (bf16, or fp32 when
+    ``EXACT``).  Reusable by any kernel that streams MXFP4 weights (the MoE experts' grouped GEMM)."""
+    # [N, G, 4 (word c), 2 (l: element j+4 or j), 2 (j bit 0), 2 (j bit 1)]
+    v = tl.join(tl.join(_decode_pair(words, 0, EXACT), _decode_pair(words, 4, EXACT)),
+                tl.join(_decode_pair(words, 8, EXACT), _decode_pair(words, 12, EXACT)))
+    if EXACT:
+        scale = ((e.to(tl.int32) + (127 - SHIFT - 1)) << 23).to(tl.float32, bitcast=True)
+    else:
+        scale = ((e.to(tl.int16) + (127 - SHIFT - 1)) << 7).to(tl.bfloat16, bitcast=True)
+    v = v * scale[:, :, None, None, None, None]
+    # K order fed to the MMA: 8 j + 2 c + l
+    return tl.reshape(tl.permute(v, (0, 1, 5, 4, 2, 3)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def to_mma_order(x, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
+    """An activation tile ``[BLOCK_K, BLOCK_M]`` in natural K order -> the K order of
+    ``decode_mxfp4_tile``: natural ``k = 8 c + 4 h + j`` (h = 1 for element j+4), MMA order
+    ``8 j + 2 c + (1 - h)``."""
+    G: tl.constexpr = BLOCK_K // 32
+    x = tl.permute(tl.reshape(x, (G, 4, 2, 2, 2, BLOCK_M)), (0, 3, 4, 1, 5, 2))  # [G, b, a, c, M, h]
+    x_j, x_j4 = tl.split(x)
+    return tl.reshape(tl.permute(tl.join(x_j4, x_j), (0, 1, 2, 3, 5, 4)), (BLOCK_K, BLOCK_M))
+
+
+@triton.jit
 def _mxfp4_mm_kernel(
     w_ptr, s_ptr, x_ptr, out_ptr, ws_ptr, bias_ptr,
     N, M, stride_xm, stride_om,
@@ -134,26 +163,13 @@ def _mxfp4_mm_kernel(
             words = tl.load(w_rows + (g[None, :, None] * 4 + word_in_group[None, None, :]),
                             mask=mask_n[:, None, None] & mask_g[None, :, None], other=0)
             e = tl.load(s_rows + g[None, :], mask=mask_n[:, None] & mask_g[None, :], other=0)
-        # [N, G, 4 (word c), 2 (l: element j+4 or j), 2 (j bit 0), 2 (j bit 1)]
-        v = tl.join(tl.join(_decode_pair(words, 0, EXACT), _decode_pair(words, 4, EXACT)),
-                    tl.join(_decode_pair(words, 8, EXACT), _decode_pair(words, 12, EXACT)))
-        if EXACT:
-            scale = ((e.to(tl.int32) + (127 - SHIFT - 1)) << 23).to(tl.float32, bitcast=True)
-            v = v * scale[:, :, None, None, None, None]
-        else:
-            scale = ((e.to(tl.int16) + (127 - SHIFT - 1)) << 7).to(tl.bfloat16, bitcast=True)
-            v = v * scale[:, :, None, None, None, None]
-        # K order fed to the MMA: 8 j + 2 c + l
-        w_tile = tl.reshape(tl.permute(v, (0, 1, 5, 4, 2, 3)), (BLOCK_N, BLOCK_K))
+        w_tile = decode_mxfp4_tile(words, e, BLOCK_N, BLOCK_K, EXACT, SHIFT)
         k = k0 + kk
         if EVEN_K:
             x = tl.load(x_cols + k[:, None], mask=mask_m[None, :], other=0.0)  # [BLOCK_K, BLOCK_M]
         else:
             x = tl.load(x_cols + k[:, None], mask=(k < K)[:, None] & mask_m[None, :], other=0.0)
-        # natural order k = 8 c + 4 h + j (h = 1 for element j+4) -> the MMA order above (l = 1 - h)
-        x = tl.permute(tl.reshape(x, (G, 4, 2, 2, 2, BLOCK_M)), (0, 3, 4, 1, 5, 2))  # [G, b, a, c, M, h]
-        x_j, x_j4 = tl.split(x)
-        x = tl.reshape(tl.permute(tl.join(x_j4, x_j), (0, 1, 2, 3, 5, 4)), (BLOCK_K, BLOCK_M))
+        x = to_mma_order(x, BLOCK_K, BLOCK_M)
         if EXACT:
             acc = tl.dot(w_tile, x.to(tl.float32), acc, input_precision="ieee")
         else:
