@@ -16,10 +16,11 @@ def _num_sms(device_index: int) -> int:
 
 
 def pick_split_k(tiles: int, k_iters: int, device: torch.device) -> int:
-    """The smallest power of two that gives about two programs per SM, each with >= 4 K steps."""
+    """The largest power of two that keeps the grid within one wave of two programs per SM (a partial
+    second wave would idle most SMs), each program keeping >= 4 K steps."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
     split = 1
-    while tiles * split < 2 * sms and k_iters // (split * 2) >= 4:
+    while tiles * split * 2 <= 2 * sms and k_iters // (split * 2) >= 4:
         split *= 2
     return split
 

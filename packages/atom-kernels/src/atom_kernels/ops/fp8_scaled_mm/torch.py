@@ -12,6 +12,9 @@ import functools
 import torch
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Token counts below this go to the Triton kernel instead (swapped operands + split K can beat
+# cuBLASLt at decode sizes; set from the `quant` bench: fp8-rowwise rows at M = 1 and 16).
+MIN_M = 1
 
 
 @functools.cache
@@ -26,6 +29,8 @@ def unsupported(a, a_scale, b, b_scale, bias=None, out_dtype=torch.bfloat16) -> 
         return "row-wise torch._scaled_mm needs compute capability 9.0 or newer"
     m, k = a.shape
     n = b.shape[0]
+    if m < MIN_M:
+        return f"M={m} < {MIN_M}: the Triton kernel is faster at this size"
     if m == 0 or k % 16 or n % 16:
         return f"torch._scaled_mm needs K and N multiples of 16 (M={m}, K={k}, N={n})"
     if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
