@@ -56,6 +56,13 @@ def write_checkpoint(arch: str, layers: int, out: Path, dtype: torch.dtype, devi
     return out
 
 
+def _time_atom(runner, prompts, decode_tokens: int, device: str, reps: int, params_cls) -> tuple[float, float]:
+    one = params_cls(max_new_tokens=1, ignore_eos=True)
+    many = params_cls(max_new_tokens=decode_tokens, ignore_eos=True)
+    return (_wall(lambda: runner.generate(prompts, one), device, reps),
+            _wall(lambda: runner.generate(prompts, many), device, reps))
+
+
 def run(arch: str, layers: int, batch: int, prompt_len: int, decode_tokens: int, device: str = "cuda",
         dtype: torch.dtype = torch.bfloat16, reps: int = 3, shape: dict | None = None) -> list[dict]:
     import transformers
@@ -71,12 +78,8 @@ def run(arch: str, layers: int, batch: int, prompt_len: int, decode_tokens: int,
         prompts = torch.randint(0, vocab, (batch, prompt_len), generator=gen)
         prompt_lists = prompts.tolist()
 
-        runner = Runner(ckpt, device=device, dtype=dtype)
-        one = SamplingParams(max_new_tokens=1, ignore_eos=True)
-        many = SamplingParams(max_new_tokens=decode_tokens, ignore_eos=True)
-        atom_prefill = _wall(lambda: runner.generate(prompt_lists, one), device, reps)
-        atom_total = _wall(lambda: runner.generate(prompt_lists, many), device, reps)
-        del runner
+        atom_prefill, atom_total = _time_atom(Runner(ckpt, device=device, dtype=dtype), prompt_lists, decode_tokens,
+                                              device, reps, SamplingParams)
 
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dtype).to(device).eval()
         ids = prompts.to(device)
