@@ -14,6 +14,7 @@ import triton
 
 from atom_kernels.ops.fp8_gemm import CONFIGS as FP8_CONFIGS
 from atom_kernels.ops.fp8_gemm import _fp8_gemm_kernel
+from atom_kernels.ops.fused_moe.triton_quant import QUANT_CONFIGS, _moe_down_quant_kernel, _moe_up_quant_kernel
 from atom_kernels.ops.mxfp4_mm.triton import CONFIGS as MX_CONFIGS
 from atom_kernels.ops.mxfp4_mm.triton import _mxfp4_mm_kernel
 from atom_kernels.ops.quant_fp8.triton import _quant_groups_kernel, _quant_rows_kernel
@@ -60,7 +61,50 @@ MX_SIG = {
 }
 
 
+MOE_UP_SIG = {
+    "x_ptr": "*fp8e4nv", "x_stride": "i32", "xs_ptr": "*fp32", "xs_stride": "i32", "w_ptr": "*fp8e4nv",
+    "w_stride_e": "i32", "w_stride_n": "i32", "s_ptr": "*fp32", "s_stride_e": "i32", "s_stride_n": "i32",
+    "act_ptr": "*bf16", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32", "num_row_blocks": "i32",
+    **{name: "constexpr" for name in ("TOP_K", "H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT",
+                                       "SHIFT")},
+}
+MOE_DOWN_SIG = {
+    "a_ptr": "*fp8e4nv", "a_stride": "i32", "as_ptr": "*fp32", "as_stride": "i32", "w_ptr": "*fp8e4nv",
+    "w_stride_e": "i32", "w_stride_n": "i32", "s_ptr": "*fp32", "s_stride_e": "i32", "s_stride_n": "i32",
+    "out_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32",
+    "num_row_blocks": "i32",
+    **{name: "constexpr" for name in ("H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT", "SHIFT")},
+}
+
+
+def _mxfp4_signature(sig: dict) -> dict:
+    """The MXFP4 expert kernels: int32 words, e8m0 bytes, bf16 activations (the scale args unused)."""
+    out = dict(sig, w_ptr="*i32", s_ptr="*u8")
+    for name in ("x_ptr", "xs_ptr", "a_ptr", "as_ptr"):
+        if name in out:
+            out[name] = "*bf16"
+    return out
+
+
+def moe_cases():
+    """Qwen3-30B-A3B's expert shapes (H 2048, I 768) with the decode and large tiles, both formats."""
+    for shape_class in ("decode", "large"):
+        cfg = QUANT_CONFIGS[shape_class]
+        for fmt, fmt_name in ((0, "fp8"), (1, "mxfp4")):
+            for kernel, sig, tile, extra in ((_moe_up_quant_kernel, MOE_UP_SIG, cfg.up, {"TOP_K": 8}),
+                                             (_moe_down_quant_kernel, MOE_DOWN_SIG, cfg.down, {})):
+                sig = sig if fmt == 0 else _mxfp4_signature(sig)
+                constexprs = dict(H=2048, I=768, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n,
+                                  BLOCK_K=128 if fmt == 0 else tile.block_k, GROUP_M=cfg.group_m, EXACT=False, SHIFT=32,
+                                  **extra)
+                divisible = [name for name in sig if name.endswith("_ptr") or "stride" in name]
+                yield f"moe_{'up' if extra else 'down'}_{fmt_name}_{shape_class}", (
+                    lambda k=kernel, s=sig, c=constexprs, d=divisible, t=tile: compile_sm90(k, s, c, d, t.num_warps,
+                                                                                            t.num_stages))
+
+
 def cases():
+    yield from moe_cases()
     yield "quant_rows", lambda: compile_sm90(_quant_rows_kernel, QUANT_ROWS_SIG, {"K": 8192, "STATIC": False, "BLOCK": 4096},
                                              ["x_ptr", "q_ptr"], 8)
     yield "quant_groups", lambda: compile_sm90(_quant_groups_kernel, QUANT_GROUPS_SIG, {"GROUP": 128, "GROUPS": 16},

@@ -53,3 +53,12 @@ def test_mxfp4_mm_compiles_to_bf16_wgmma(compiled, name):
     if name == "mxfp4_decode":
         # the decoded weights feed the MMA from registers: no per-element shared-memory round trip
         assert sass.get("STS.U16", 0) <= 2
+
+
+@pytest.mark.parametrize("name", [f"moe_{g}_{f}_{c}" for g in ("up", "down") for f in ("fp8", "mxfp4")
+                                  for c in ("decode", "large")])
+def test_quantized_moe_kernels_compile_to_wgmma(compiled, name):
+    sass = _ok(compiled, name)["sass"]
+    mma = "QGMMA" if "_fp8_" in name else "HGMMA"
+    assert any(op.startswith(mma) for op in sass), sorted(sass)
+    assert any(op.startswith("LDGSTS") for op in sass)  # the weight stream is pipelined through cp.async
