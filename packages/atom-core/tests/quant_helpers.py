@@ -53,6 +53,7 @@ def reference_with_quantized_weights(hf: nn.Module, quantized_dir: str, scheme: 
     """``hf`` with every quantized linear's weight replaced by its dequantized value and, for FP8,
     a pre-hook that quantizes the linear's input like ATOM does."""
     tensors = read_tensors(quantized_dir)
+    _replace_experts(hf, tensors, scheme)
     fake = FAKE_ACT[scheme]
     for name, module in hf.named_modules():
         if not isinstance(module, nn.Linear) or name.split(".")[-1] not in LINEARS:
@@ -64,6 +65,43 @@ def reference_with_quantized_weights(hf: nn.Module, quantized_dir: str, scheme: 
         if fake is not None:
             module.register_forward_pre_hook(lambda _m, args: (fake(args[0].float()).to(args[0].dtype),))
     return hf
+
+
+def _replace_experts(hf: nn.Module, tensors: dict[str, torch.Tensor], scheme: str) -> None:
+    """transformers' stacked experts (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) get the
+    dequantized per-expert weights; for FP8 blocks their forward also rounds each GEMM's input rows
+    per 128 columns, as the fused MoE kernels do."""
+    for name, module in hf.named_modules():
+        if not (hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and name.endswith("experts")):
+            continue
+        gates = [dequantized_weight(tensors, f"{name}.{e}.gate_proj", scheme) for e in range(module.num_experts)]
+        if gates[0] is None:
+            continue  # experts left unquantized
+        ups = [dequantized_weight(tensors, f"{name}.{e}.up_proj", scheme) for e in range(module.num_experts)]
+        downs = [dequantized_weight(tensors, f"{name}.{e}.down_proj", scheme) for e in range(module.num_experts)]
+        module.gate_up_proj.data = torch.stack([torch.cat([g, u]) for g, u in zip(gates, ups)]).to(module.gate_up_proj.dtype)
+        module.down_proj.data = torch.stack(downs).to(module.down_proj.dtype)
+        if FAKE_ACT[scheme] is not None:
+            module.forward = _fake_quant_experts_forward(module, FAKE_ACT[scheme])
+
+
+def _fake_quant_experts_forward(module: nn.Module, fake):
+    """transformers' expert loop (Qwen3-MoE) with the inputs of both GEMMs fake-quantized."""
+    import torch.nn.functional as F
+
+    def forward(hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for expert in range(module.num_experts):
+            slot, token = torch.where((top_k_index == expert).t())
+            if token.numel() == 0:
+                continue
+            gate, up = F.linear(fake(hidden_states[token].float()), module.gate_up_proj[expert].float()).chunk(2, dim=-1)
+            act = fake((module.act_fn(gate) * up).to(hidden_states.dtype).float())
+            y = F.linear(act, module.down_proj[expert].float()) * top_k_weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out
+
+    return forward
 
 
 def logit_metrics(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[float, float, float]:

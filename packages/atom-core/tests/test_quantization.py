@@ -106,6 +106,62 @@ def test_quantized_model_logits(quantized, arch, scheme):
     assert rel <= max_rel and top1 >= min_top1, f"vs unquantized: relative error {rel:.3f}, top-1 agreement {top1:.3f}"
 
 
+MOE = ("Qwen3MoeForCausalLM", {"moe_intermediate_size": 128})  # 128: FP8 expert blocks fill
+# against the unquantized MoE model (measured: FP8 0.08-0.09 / >= 0.81, MXFP4 0.28 / 0.53)
+MOE_QUALITY = {"fp8-block": (0.15, 0.75), "ptpc-fp8": (0.15, 0.75), "mxfp4": (0.4, 0.4)}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_quantized_moe_model_logits(quantized, scheme):
+    """Qwen3-MoE: FP8-block and MXFP4 checkpoints quantize the experts too (through the fused MoE
+    kernels); ptpc-fp8 has no expert format and leaves them (listed in ``ignore``)."""
+    src, out = quantized(MOE[0], scheme, **MOE[1])
+    runner = Runner(out)
+    experts = runner.model.model.layers[0].mlp.experts
+    expected_dtype = {"fp8-block": torch.float8_e4m3fn, "mxfp4": torch.uint8, "ptpc-fp8": torch.float32}[scheme]
+    assert experts.w13_weight.dtype == expected_dtype
+    atom = runner.prompt_logits(PROMPTS)
+    impl = reference_logits(reference_with_quantized_weights(hf_model(src), out, scheme), PROMPTS)
+    rel, max_abs, _ = logit_metrics(atom, impl)
+    assert rel <= IMPL_REL_TOL, f"vs the dequantized reference: relative error {rel:.2e} (max {max_abs:.2e})"
+    rel, _, top1 = logit_metrics(atom, reference_logits(hf_model(src), PROMPTS))
+    max_rel, min_top1 = MOE_QUALITY[scheme]
+    assert rel <= max_rel and top1 >= min_top1, f"vs unquantized: relative error {rel:.3f}, top-1 agreement {top1:.3f}"
+    online = Runner(src, quantization=scheme).prompt_logits(PROMPTS)
+    assert all(torch.equal(a, b) for a, b in zip(atom, online))
+
+
+def test_moe_experts_the_format_cannot_hold_stay_unquantized(tiny, tmp_path):
+    """Experts of 96 intermediate features do not fill 128-row FP8 blocks: they stay unquantized and
+    are listed with the routers (which hosts would otherwise treat as linear layers to quantize)."""
+    src = tiny(MOE[0])
+    out = quantize_checkpoint(src, tmp_path / "q", "fp8-block")
+    ignored = json.loads((out / "config.json").read_text())["quantization_config"]["ignored_layers"]
+    assert {"model.layers.0.mlp.experts", "model.layers.0.mlp.gate"} <= set(ignored)
+    runner = Runner(out)
+    assert runner.model.model.layers[0].mlp.experts.w13_weight.dtype == torch.float32
+    assert runner.model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float8_e4m3fn
+    with pytest.raises(UnsupportedQuantizationError, match=r"mlp\.experts: online fp8-block experts.*divisible by 128"):
+        Runner(src, quantization="fp8-block")
+
+
+@pytest.mark.parametrize("qcfg,message", [
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, r"mlp\.experts: FP8 experts .*128x128 blocks only"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+      "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                              "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                                    "dynamic": True}}}},
+     r"mlp\.experts: compressed-tensors quantized experts"),
+    ({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.1.mlp", "lm_head"]},
+     r"mlp\.experts: gpt-oss MXFP4 experts"),
+])
+def test_unsupported_expert_formats_are_clear_errors(tiny, tmp_path, qcfg, message):
+    src = tiny(MOE[0])
+    bad = _rewrite(src, tmp_path / "bad", qcfg, read_tensors(src))
+    with pytest.raises(UnsupportedQuantizationError, match=message):
+        Runner(bad)
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_checkpoint_round_trip_equals_online(quantized, scheme):
     src, out = quantized("LlamaForCausalLM", scheme)
@@ -374,7 +430,7 @@ def _tp_rank(rank: int, port: int, dirs: dict, out_path: str) -> None:
 
         torch.set_num_threads(1)
         result = {}
-        for scheme in ("ptpc-fp8", "mxfp4"):
+        for scheme in ("ptpc-fp8", "mxfp4", "moe-mxfp4"):
             result[scheme] = Runner(dirs[scheme], tp=TorchDistributedTP()).prompt_logits(PROMPTS)
         try:
             Runner(dirs["fp8-block"], tp=TorchDistributedTP())
@@ -387,7 +443,8 @@ def _tp_rank(rank: int, port: int, dirs: dict, out_path: str) -> None:
 
 
 def test_tp2_quantized_checkpoints(quantized, tmp_path):
-    """Two CPU ranks (gloo): MXFP4 (weight-only) equals the single-rank run; PTPC differs only by each
+    """Two CPU ranks (gloo): MXFP4 (weight-only; dense and MoE experts, whose packed codes and scales
+    split along the intermediate dim) equals the single-rank run; PTPC differs only by each
     rank of a row-parallel layer quantizing its own slice of the activations per token; block FP8 with
     k/v shards of 64 rows per rank is a clear error naming the layer."""
     import socket
@@ -395,13 +452,14 @@ def test_tp2_quantized_checkpoints(quantized, tmp_path):
     import torch.multiprocessing as mp
 
     dirs = {scheme: quantized("LlamaForCausalLM", scheme)[1] for scheme in SCHEMES}
+    dirs["moe-mxfp4"] = quantized(MOE[0], "mxfp4", **MOE[1])[1]  # experts' I = 128: 64 per rank
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = str(tmp_path / "tp")
     mp.spawn(_tp_rank, args=(port, dirs, out), nprocs=2, join=True)
     results = [torch.load(f"{out}.{r}") for r in range(2)]
-    for scheme, bound in (("mxfp4", 1e-5), ("ptpc-fp8", 0.05)):
+    for scheme, bound in (("mxfp4", 1e-5), ("moe-mxfp4", 1e-5), ("ptpc-fp8", 0.05)):
         single = Runner(dirs[scheme]).prompt_logits(PROMPTS)
         for result in results:
             rel, _, _ = logit_metrics(result[scheme], single)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from atom_core.errors import UnsupportedQuantizationError
 from atom_core.quant.base import LinearMethod, QuantConfig, register_scheme
-from atom_core.quant.exclusions import exclusion_patterns, layer_excluded, layer_selected
+from atom_core.quant.exclusions import exclusion_patterns, layer_excluded, layer_selected, matches, matches_any
 from atom_core.quant.fp8 import Fp8BlockLinearMethod, Fp8ChannelLinearMethod, Fp8TensorLinearMethod
 
 if TYPE_CHECKING:
@@ -91,4 +91,17 @@ class CompressedTensorsConfig(QuantConfig):
         for name, group in self.groups.items():
             if layer_selected(prefix, group.get("targets") or [], packed):
                 return method_for_group(name, group, self.fmt)
+        return None
+
+    def moe_method(self, layer: Any, prefix: str):
+        """Experts must be ignored (or not targeted): ATOM has no compressed-tensors expert kernel."""
+        if matches_any(prefix, self.ignore):
+            return None
+        targeted = [name for name, group in self.groups.items()
+                    if any(t == "Linear" or matches(prefix, t) for t in group.get("targets") or [])]
+        if targeted:
+            raise UnsupportedQuantizationError(
+                f"{prefix}: compressed-tensors quantized experts (group {targeted[0]!r}) are not supported; "
+                "ignore the experts or use an fp8 / quark checkpoint"
+            )
         return None

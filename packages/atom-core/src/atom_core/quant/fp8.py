@@ -26,7 +26,7 @@ from torch import nn
 from atom_core.errors import UnsupportedQuantizationError
 from atom_core.layers.params import make_param
 from atom_core.quant.base import LinearMethod, QuantConfig, register_scheme
-from atom_core.quant.exclusions import exclusion_patterns, layer_excluded
+from atom_core.quant.exclusions import exclusion_patterns, layer_excluded, matches_any
 
 if TYPE_CHECKING:
     from atom_core.layers.linear import LinearBase
@@ -184,3 +184,16 @@ class Fp8Config(QuantConfig):
         if self.block is not None:
             return Fp8BlockLinearMethod(self.block)
         return Fp8TensorLinearMethod(static_input=self.activation_scheme == "static")
+
+    def moe_method(self, layer: Any, prefix: str):
+        """FP8 block experts (128 x 128); the other FP8 layouts have no expert kernel."""
+        if matches_any(prefix, self.ignored):
+            return None
+        if self.block != (128, 128):
+            raise UnsupportedQuantizationError(
+                f"{prefix}: FP8 experts are supported in 128x128 blocks only (this checkpoint: "
+                f"{'per tensor' if self.block is None else self.block})"
+            )
+        from atom_core.quant.moe import Fp8BlockMoEMethod
+
+        return Fp8BlockMoEMethod()

@@ -127,6 +127,13 @@ class QuarkConfig(QuantConfig):
                 )
         return Mxfp4LinearMethod()
 
+    def moe_method(self, layer: Any, prefix: str):
+        if matches_any(prefix, self.exclude):
+            return None
+        from atom_core.quant.moe import Mxfp4MoEMethod
+
+        return Mxfp4MoEMethod()
+
 
 @register_scheme("mxfp4")
 class GptOssMxfp4Config(QuantConfig):
@@ -151,6 +158,15 @@ class GptOssMxfp4Config(QuantConfig):
         raise UnsupportedQuantizationError(
             f"{prefix}: a 'quant_method: mxfp4' (gpt-oss) checkpoint quantizes MoE experts only, but this dense "
             "layer is not in modules_to_not_convert"
+        )
+
+    def moe_method(self, layer: Any, prefix: str):
+        if matches_any(prefix, self.not_converted):
+            return None
+        raise UnsupportedQuantizationError(
+            f"{prefix}: gpt-oss MXFP4 experts (stacked *_blocks / *_scales with interleaved gate|up, biases and a "
+            "clamped SwiGLU) need the gpt-oss model, which is not in the catalog; the expert weights themselves "
+            "convert with gpt_oss_expert_layout"
         )
 
 

@@ -107,3 +107,11 @@ class OnlineQuantConfig(QuantConfig):
 
     def linear_method(self, layer: LinearBase, prefix: str) -> LinearMethod | None:
         return OnlineLinearMethod(self.name)
+
+    def moe_method(self, layer: Any, prefix: str):
+        """fp8-block and mxfp4 quantize the experts too; ptpc-fp8 has no expert format and keeps them."""
+        if self.name == "ptpc-fp8":
+            return None
+        from atom_core.quant.moe import OnlineMoEMethod
+
+        return OnlineMoEMethod(self.name)

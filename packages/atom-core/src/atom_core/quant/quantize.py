@@ -1,11 +1,14 @@
 """``atom quantize``: write a quantized copy of an unquantized checkpoint.
 
 Which tensors are quantized comes from the model itself: the catalog class is built on the ``meta``
-device and every checkpoint tensor its weight mapper places into a linear layer's ``weight`` is
-encoded (per checkpoint tensor, i.e. per shard of a fused layer); embeddings, norms, the LM head and
-biases are copied as they are.  A layer whose shapes the format cannot hold (block boundaries inside
-a fused layer, input features not a multiple of 32) is left unquantized and listed in the config's
-exclusions.  Shards, tokenizer and other files are kept.
+device and every checkpoint tensor its weight mapper places into a linear layer's ``weight`` (or a
+per-expert projection of an MoE layer) is encoded, per checkpoint tensor (per shard of a fused layer,
+per expert projection); embeddings, norms, routers, the LM head and biases are copied as they are.
+A layer whose shapes the format cannot hold (block boundaries inside a fused layer, sizes not a
+multiple of 32, experts of an intermediate size not a multiple of 128 for FP8 blocks; every MoE
+layer under ptpc-fp8, which has no expert format) is left unquantized.  Every 2-D weight left
+unquantized is listed in the config's exclusions, so hosts that quantize all linear-like modules
+(vLLM's router gates) skip it too.  Shards, tokenizer and other files are kept.
 
 Formats written, each readable by ATOM and, where the format allows, by vLLM / SGLang:
 
@@ -97,7 +100,7 @@ def _ptpc_config(excluded: list[str]) -> dict[str, Any]:
                 "output_activations": None,
             }
         },
-        "ignore": ["lm_head", *excluded],
+        "ignore": sorted({"lm_head", *excluded}),
         "kv_cache_scheme": None,
     }
 
@@ -114,32 +117,44 @@ def _mxfp4_config(excluded: list[str]) -> dict[str, Any]:
         },
         "layer_quant_config": {},
         "layer_type_quant_config": {},
-        "exclude": ["lm_head", *excluded],
+        "exclude": sorted({"lm_head", *excluded}),
         "export": {"kv_cache_group": [], "pack_method": "reorder", "weight_format": "real_quantized",
                    "weight_merge_groups": None},
         "quant_mode": "eager_mode",
     }
 
 
-# scheme -> (encode one [N, K] weight, does a layer fit, the quantization_config to write)
-SCHEMES: dict[str, tuple[Callable, Callable, Callable]] = {
-    "fp8-block": (_fp8_block, _fp8_block_fits, _fp8_block_config),
-    "ptpc-fp8": (_ptpc, lambda sizes, k: True, _ptpc_config),
-    "mxfp4": (_mxfp4, _mxfp4_fits, _mxfp4_config),
+def _fp8_block_experts_fit(hidden: int, inter: int) -> bool:
+    return inter % BLOCK[0] == 0  # gate and up blocks stack without straddling (vLLM requires it too)
+
+
+def _mxfp4_experts_fit(hidden: int, inter: int) -> bool:
+    return hidden % MX_GROUP == 0 and inter % MX_GROUP == 0
+
+
+# scheme -> (encode one [N, K] weight, does a linear layer fit, do a layer's experts fit (None: the
+# format has no expert kernel, experts stay unquantized), the quantization_config to write)
+SCHEMES: dict[str, tuple[Callable, Callable, Callable | None, Callable]] = {
+    "fp8-block": (_fp8_block, _fp8_block_fits, _fp8_block_experts_fit, _fp8_block_config),
+    "ptpc-fp8": (_ptpc, lambda sizes, k: True, None, _ptpc_config),
+    "mxfp4": (_mxfp4, _mxfp4_fits, _mxfp4_experts_fit, _mxfp4_config),
 }
 
 
-def linear_layers(hf_config: Any) -> tuple[dict[str, Any], Any]:
-    """``{prefix: layer}`` of every linear layer of the catalog model (built on the meta device), and
-    the model's weight mapper."""
+def model_layers(hf_config: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """``{prefix: layer}`` of every linear layer and every MoE expert layer of the catalog model (built
+    on the meta device), and the model's weight mapper."""
     from atom_core.layers.linear import LinearBase
+    from atom_core.layers.moe import FusedMoE
     from atom_core.runtime.host import NativeHost
 
     spec = catalog.resolve(hf_config)
     with torch.device("meta"):
         model = spec.model_class()(hf_config, NativeHost())
-    layers = {name: module for name, module in model.named_modules() if isinstance(module, LinearBase)}
-    return layers, model.mapper()
+    modules = dict(model.named_modules())
+    linears = {name: m for name, m in modules.items() if isinstance(m, LinearBase)}
+    experts = {name: m for name, m in modules.items() if isinstance(m, FusedMoE)}
+    return linears, experts, model.mapper()
 
 
 def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str, *,
@@ -147,17 +162,20 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
     """Write ``model_dir`` quantized with ``scheme`` to ``out_dir``; returns ``out_dir``."""
     if scheme not in SCHEMES:
         raise UnsupportedQuantizationError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-    encode, fits, make_config = SCHEMES[scheme]
+    encode, fits, experts_fit, make_config = SCHEMES[scheme]
     src, out = Path(model_dir), Path(out_dir)
     if src.resolve() == out.resolve():
         raise ValueError("--out must differ from --model")
     hf_config = load_hf_config(src)
     if getattr(hf_config, "quantization_config", None):
         raise UnsupportedQuantizationError(f"{src} is already quantized; atom quantize takes an unquantized checkpoint")
-    layers, mapper = linear_layers(hf_config)
+    layers, expert_layers, mapper = model_layers(hf_config)
     excluded_layers = {prefix for prefix, layer in layers.items()
                        if not fits(layer.checkpoint_shard_sizes(), layer.input_size)}
-    excluded: list[str] = []
+    excluded_layers |= {prefix for prefix, layer in expert_layers.items()
+                        if experts_fit is None or not experts_fit(layer.hidden_size, layer.intermediate_size)}
+    layers = {**layers, **expert_layers}
+    excluded: set[str] = set()
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = Checkpoint(src)
     files = checkpoint.files
@@ -170,12 +188,14 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
                            desc=f"quantizing ({scheme})", unit="tensor", disable=len(files) < 2):
         file = checkpoint.weight_map[name]
         tensors = pending[file]
-        layer = _linear_target(name, mapper, layers)
+        layer = _weight_target(name, mapper, layers)
         tensor = lazy.to_tensor()
         if layer is None or layer in excluded_layers:
             tensors[name] = tensor
-            if layer is not None:
-                excluded.append(name[: -len(".weight")])
+            if layer in expert_layers:
+                excluded.add(layer)  # the experts module, as hosts name it
+            elif tensor.dim() == 2 and name.endswith(".weight"):
+                excluded.add(name[: -len(".weight")])  # linear layers and anything a host might take for one
         else:
             module = name[: -len(".weight")]
             for suffix, value in encode(tensor.to(device)).items():
@@ -195,19 +215,21 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
     for path in src.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and path.name not in ("config.json", INDEX_FILE):
             shutil.copy2(path, out / path.name)
-    logger.info("quantized %d weights with %s into %s (%d left unquantized)", quantized, scheme, out, len(excluded))
+    logger.info("quantized %d weights with %s into %s (%d modules left unquantized)", quantized, scheme, out, len(excluded))
     return out
 
 
-def _linear_target(name: str, mapper: Any, layers: dict[str, Any]) -> str | None:
-    """The linear layer whose ``weight`` a checkpoint tensor is (None for anything else)."""
+def _weight_target(name: str, mapper: Any, layers: dict[str, Any]) -> str | None:
+    """The layer (linear, or MoE experts for a per-expert projection) whose weight matrix a checkpoint
+    tensor is; None for anything else (stacked expert tensors are copied as they are)."""
     if not name.endswith(".weight"):
         return None
     targets = mapper.map(name)
     if not targets or len(targets) != 1:
         return None
-    param = targets[0].param
-    if not param.endswith(".weight"):
-        return None
-    prefix = param[: -len(".weight")]
-    return prefix if prefix in layers else None
+    param, shard = targets[0].param, targets[0].shard_id
+    for suffix in (".weight", ".w13_weight", ".w2_weight"):
+        if param.endswith(suffix) and (suffix == ".weight" or isinstance(shard, tuple)):
+            prefix = param[: -len(suffix)]
+            return prefix if prefix in layers else None
+    return None
