@@ -2,7 +2,8 @@
 Triton kernels (per-row x per-column FP8, block FP8, MXFP4 weight-only), at M = 1, 16, 256, 4096 tokens
 for N = K = 8192 and a MoE expert (gpt-oss-120b's gate|up, N = 5760, K = 2880), with the floor, the
 anchors' peer numbers, a sweep of kernel configurations at decode sizes, and the MXFP4 target
-(>= 2.5x bf16 at M <= 16).
+(>= 2.5x bf16 at M <= 16).  Then the fused MoE with bf16, FP8-block and MXFP4 experts at the ``moe``
+suite's Qwen3-30B-A3B shape (E 128, top-8, H 2048, I 768).
 
 Every GEMM row times the GEMM alone (inputs already quantized, as a layer's weights are); rows named
 ``... +quant`` add the activation quantization the layer runs first.  Weights are rotated over enough
@@ -167,6 +168,63 @@ def _quant_rows(ctx: dict) -> list[dict]:
     return rows
 
 
+MOE_SHAPE = (128, 8, 2048, 768)  # experts, top-k, hidden, intermediate (Qwen3-30B-A3B)
+MOE_ROUTINGS = 4  # routings rotated over, so the L2 cache does not keep one routing's experts
+
+
+def _moe_rows(ctx: dict) -> list[dict]:
+    from atom_kernels import ExpertQuant, fused_moe, topk_routing
+    from atom_kernels.ops.fused_moe import triton_quant
+
+    experts, top_k, hidden, inter = MOE_SHAPE
+    device, bf16 = ctx.get("device", "cuda"), torch.bfloat16
+    w13 = torch.randn(experts, 2 * inter, hidden, device=device, dtype=bf16) * hidden**-0.5
+    w2 = torch.randn(experts, hidden, inter, device=device, dtype=bf16) * inter**-0.5
+    fp8_13 = [formats.quantize_fp8_blocks(w.float()) for w in w13.reshape(-1, inter, hidden)]
+    fp8_2 = [formats.quantize_fp8_blocks(w.float()) for w in w2]
+    q13 = torch.stack([q for q, _ in fp8_13]).reshape(experts, 2 * inter, hidden)
+    s13 = torch.stack([s for _, s in fp8_13]).reshape(experts, 2 * inter // 128, -1)
+    q2, s2 = torch.stack([q for q, _ in fp8_2]), torch.stack([s for _, s in fp8_2])
+    p13, e13 = formats.quantize_mxfp4(w13)
+    p2, e2 = formats.quantize_mxfp4(w2)
+    variants = {  # name -> (w13, w2, quant, bytes per expert)
+        "bf16": (w13, w2, None, 3 * hidden * inter * 2),
+        "fp8-block": (q13, q2, ExpertQuant("fp8-block", s13, s2, (128, 128), torch.float8_e4m3fn),
+                      3 * hidden * inter + (s13[0].numel() + s2[0].numel()) * 4),
+        "mxfp4": (p13, p2, ExpertQuant("mxfp4", e13, e2), 3 * hidden * inter // 2 + 3 * hidden * inter // 32),
+    }
+    rows = []
+    for tokens in TOKENS:
+        x = torch.randn(tokens, hidden, device=device, dtype=bf16)
+        routings = [topk_routing(torch.randn(tokens, experts, device=device), top_k) for _ in range(MOE_ROUTINGS)]
+        touched = sum(torch.unique(ids).numel() for _, ids in routings) / MOE_ROUTINGS
+        flops = 6.0 * tokens * top_k * hidden * inter
+        configs = [None] + (list(triton_quant.QUANT_SWEEP) if tokens <= 16 and not ctx.get("quick") else [])
+        for name, (a, b, quant, per_expert) in variants.items():
+            nbytes = touched * per_expert + 2 * tokens * hidden * 2
+            rate = ctx["bf16_flops_per_s"] * (2.0 if name == "fp8-block" else 1.0)
+            floor_us = max(nbytes / ctx["copy_bytes_per_s"], flops / rate) * 1e6
+            for cfg in configs if quant is not None else [None]:
+                base = {"op": "fused_moe", "impl": f"atom-triton {name}", "tokens": tokens, "experts": experts,
+                        "top_k": top_k, "hidden": hidden, "inter": inter, "config": cfg.name() if cfg else "default"}
+                calls = itertools.cycle([(w, i) for w, i in routings])
+
+                def fn(x=x, a=a, b=b, quant=quant, cfg=cfg, calls=calls):
+                    weights, ids = next(calls)
+                    return fused_moe.call_backend("triton", x, a, b, weights, ids, quant=quant, config=cfg)
+
+                try:
+                    timing = measure(fn)
+                except Exception as err:
+                    rows.append({**base, "error": f"{type(err).__name__}: {err}"[:300]})
+                    continue
+                us = timing["us"]
+                rows.append({**base, "us": us, "graph": timing["graph"], "touched_experts": touched, "bytes": nbytes,
+                             "flops": flops, "TBps": nbytes / (us * 1e-6) / 1e12, "floor_us": floor_us,
+                             "x_floor": us / floor_us})
+    return rows
+
+
 def _summaries(rows: list[dict]) -> list[dict]:
     """Best configuration per (op, shape, M), and the MXFP4 target check at M <= 16."""
     out = []
@@ -177,6 +235,12 @@ def _summaries(rows: list[dict]) -> list[dict]:
         best = min(group, key=lambda r: r["us"])
         out.append({"summary": "best", "op": op, "shape": shape, "M": m, "impl": best["impl"],
                     "config": best.get("config"), "us": best["us"], "x_floor": best["x_floor"]})
+    moe = [r for r in rows if r.get("op") == "fused_moe" and "us" in r]
+    for (impl, tokens), group in itertools.groupby(sorted(moe, key=lambda r: (r["impl"], r["tokens"])),
+                                                   key=lambda r: (r["impl"], r["tokens"])):
+        best = min(group, key=lambda r: r["us"])
+        out.append({"summary": "best", "op": "fused_moe", "impl": impl, "tokens": tokens, "config": best["config"],
+                    "us": best["us"], "x_floor": best["x_floor"]})
     for shape in SHAPES:
         for m in (t for t in TOKENS if t <= 16):
             bf16 = [r["us"] for r in timed if r["op"] == "gemm" and r["shape"] == shape and r["M"] == m]
@@ -204,4 +268,5 @@ def run(ctx: dict) -> list[dict]:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     rows.extend(_quant_rows(ctx))
+    rows.extend(_moe_rows(ctx))
     return rows + _summaries(rows)

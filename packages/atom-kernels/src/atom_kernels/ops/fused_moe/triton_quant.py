@@ -39,6 +39,15 @@ QUANT_CONFIGS: dict[str, MoeKernelConfig] = {
 }
 
 
+# Decode-shape alternatives the bench times (merged over QUANT_CONFIGS["decode"]).
+QUANT_SWEEP: tuple[MoeKernelConfig, ...] = (
+    MoeKernelConfig(16, GemmTile(64, 256, 4, 3), GemmTile(64, 256, 4, 3), group_m=1),
+    MoeKernelConfig(16, GemmTile(128, 128, 8, 4), GemmTile(128, 128, 8, 4), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 128, 4, 6), GemmTile(64, 128, 4, 6), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 64, 4, 4), GemmTile(64, 64, 4, 4), group_m=1),
+)
+
+
 def unsupported_quant(hidden, w13, w2, quant, config) -> str | None:
     if quant.format not in FORMATS:
         return f"the Triton fused MoE has no {quant.format!r} expert-weight path"
