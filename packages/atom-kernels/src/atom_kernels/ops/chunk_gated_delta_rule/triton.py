@@ -291,7 +291,7 @@ def _out_kernel(
     GROUPS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr, L2NORM: tl.constexpr,
 ):
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     hk = hv // GROUPS
     seq = tl.load(chunk_seq_ptr + c)
