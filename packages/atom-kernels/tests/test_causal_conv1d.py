@@ -91,3 +91,28 @@ def test_prefill_then_updates_equal_one_conv(device, rng):
     assert_close(torch.cat(out), whole)
     explicit = torch.nn.functional.conv1d(x.t()[None], weight[:, None, :], padding=width - 1, groups=dim)[0, :, : prompt + steps]
     assert_close(whole, explicit.t().to(whole.device))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("op", ["update", "prefill"])
+def test_graph_capturable(rng, op):
+    from helpers import assert_graph_capturable
+
+    device, dim, width = "cuda", 96, 4
+    cu = torch.tensor([0, 5, 6, 40], dtype=torch.int32, device=device)
+    x = randn(40 if op == "prefill" else 3, dim, dtype=torch.bfloat16, device=device, gen=rng)
+    weight = randn(dim, width, dtype=torch.bfloat16, device=device, gen=rng)
+    pool0 = conv_pool(rng, device, 4, dim, width, torch.bfloat16)
+    pool = pool0.clone()
+    slots = torch.tensor([2, -1, 0], device=device)
+    init = torch.tensor([True, True, False], device=device)
+
+    def fn():
+        pool.copy_(pool0)
+        if op == "prefill":
+            out = causal_conv1d.call_backend("triton", x, weight, None, pool, cu, slots, init)
+        else:
+            out = causal_conv1d_update.call_backend("triton", x, weight, None, pool, slots)
+        return out, pool.clone()
+
+    assert_graph_capturable(fn, x, pool0)

@@ -242,3 +242,30 @@ def test_real_head_dims_bf16_on_gpu(rng, layout):
     (d_ref, ds_ref), (d, ds) = run_both(fused_recurrent_gated_delta_rule, *dargs, state_layout=layout)
     assert_close(d, d_ref, torch.bfloat16)
     assert_close(ds, ds_ref, tol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_graph_capturable(rng, op):
+    """Captured once, replayed with new inputs: the same outputs and states as an eager call (no host sync)."""
+    from helpers import assert_graph_capturable
+
+    device, H, HV, K, V = "cuda", 2, 4, 64, 64
+    lens = [3, 70, 1]
+    cu, T = packed(lens, device)
+    x = draw(rng, device, T if op == "prefill" else len(lens), H, HV, K, V, dtype=torch.bfloat16)
+    pool0 = state_pool(rng, device, 5, V_MAJOR, HV, K, V)
+    pool = pool0.clone()
+    slots = torch.tensor([4, -1, 1], device=device)
+    args = (x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], pool)
+
+    def fn():
+        pool.copy_(pool0)
+        if op == "prefill":
+            out = chunk_gated_delta_rule.call_backend("triton", *args, cu, slots, torch.tensor([True, True, False], device=device),
+                                                      state_layout=V_MAJOR)
+        else:
+            out = fused_recurrent_gated_delta_rule.call_backend("triton", *args, slots, state_layout=V_MAJOR)
+        return out, pool.clone()
+
+    assert_graph_capturable(fn, x["q"], x["v"], x["a"], pool0)

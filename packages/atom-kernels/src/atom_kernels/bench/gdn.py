@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from atom_kernels.bench.timing import median_us
+from atom_kernels.bench.timing import measure
 from atom_kernels.gdn import K_MAJOR, STATE_LAYOUTS, ssm_state_shape
 from atom_kernels.ops.causal_conv1d import triton as conv_triton
 from atom_kernels.ops.causal_conv1d_update import triton as conv_update_triton
@@ -50,10 +50,18 @@ def _fla():
     return (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, getattr(fla, "__version__", "?")), None
 
 
-def _row(case: str, impl: str, us: float, nbytes: int, ctx: dict, flops: float = 0.0, **extra: Any) -> dict:
+def _time(fn, *, rotate: int = 1, eager: bool = False) -> dict:
+    """``measure``: CUDA-graph replay of >= 20 calls (``rotate`` distinct inputs cycled), or eager calls."""
+    if eager:
+        return measure(fn, use_graph=False, calls_per_graph=3, reps=15)
+    return measure(fn, calls_per_graph=max(20, rotate))
+
+
+def _row(case: str, impl: str, timing: dict, nbytes: int, ctx: dict, flops: float = 0.0, **extra: Any) -> dict:
+    us = timing["us"]
     floor_us = nbytes / ctx["copy_bytes_per_s"] * 1e6
-    row = {"case": case, "impl": impl, "us": us, "bytes": nbytes, "TBps": nbytes / (us * 1e-6) / 1e12,
-           "floor_us": floor_us, "ratio_to_floor": us / floor_us}
+    row = {"case": case, "impl": impl, "us": us, "graph": timing["graph"], "bytes": nbytes,
+           "TBps": nbytes / (us * 1e-6) / 1e12, "floor_us": floor_us, "ratio_to_floor": us / floor_us}
     if flops:
         row["flops"] = flops
         row["TFLOPs"] = flops / (us * 1e-6) / 1e12
@@ -142,8 +150,8 @@ def _decode_case(ctx: dict, fla, n: int, gen: torch.Generator) -> list[dict]:
         slot_sets = [torch.arange(r * n, (r + 1) * n, device=DEVICE) for r in range(rot)]
         for cfg in sweep:
             calls = [functools.partial(call, pool, slots, layout, cfg) for slots in slot_sets]
-            us = median_us(_Cycle(calls), rotate=rot)
-            rows.append(_row(case, f"atom triton {layout}", us, nbytes, ctx, sweep=True, config=cfg, layout=layout))
+            timing = _time(_Cycle(calls), rotate=rot)
+            rows.append(_row(case, f"atom triton {layout}", timing, nbytes, ctx, sweep=True, config=cfg, layout=layout))
     default_cfg = decode_triton.CONFIGS[decode_triton.shape_class(n, HV)]
     rows += [{**r, "impl": f"atom default {r['layout']}", "sweep": False} for r in rows if r.get("config") == default_cfg]
     rows += [r for r in (_best(rows, case, f"atom best {lay}", layout=lay) for lay in STATE_LAYOUTS) if r]
@@ -159,8 +167,8 @@ def _decode_case(ctx: dict, fla, n: int, gen: torch.Generator) -> list[dict]:
                                  use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True, initial_state=states[r],
                                  output_final_state=True)
 
-        us = median_us(_Cycle([functools.partial(fla_call, r) for r in range(rot)]), rotate=rot)
-        rows.append(_row(case, f"fla {version} fused_recurrent", us, nbytes, ctx, sweep=False))
+        timing = _time(_Cycle([functools.partial(fla_call, r) for r in range(rot)]), rotate=rot)
+        rows.append(_row(case, f"fla {version} fused_recurrent", timing, nbytes, ctx, sweep=False))
     return rows
 
 
@@ -219,14 +227,14 @@ def _prefill_case(ctx: dict, fla, num_seqs: int, seq_len: int, gen: torch.Genera
 
     base = chunk_triton.CONFIGS[chunk_triton.shape_class(num_seqs, HV)]
     for cfg in prefill_configs(base, ctx.get("quick", False)):
-        us = median_us(functools.partial(call, cfg), use_graph=False, reps=20)
-        rows.append(_row(case, "atom triton (eager)", us, nbytes, ctx, flops, sweep=True, config=cfg, default=cfg == base))
+        timing = _time(functools.partial(call, cfg), eager=True)
+        rows.append(_row(case, "atom triton (eager)", timing, nbytes, ctx, flops, sweep=True, config=cfg, default=cfg == base))
     best = _best(rows, case)
     if best:
         rows.append(best)
         best_call = functools.partial(call, best["config"])
-        us = median_us(best_call, use_graph=True, reps=20)
-        rows.append(_row(case, "atom best (graph replay)", us, nbytes, ctx, flops, sweep=False, config=best["config"]))
+        timing = _time(best_call)
+        rows.append(_row(case, "atom best (graph replay)", timing, nbytes, ctx, flops, sweep=False, config=best["config"]))
         rows += kernel_breakdown(best_call, case)
     if fla is not None:
         fla_chunk, _, version = fla
@@ -239,8 +247,8 @@ def _prefill_case(ctx: dict, fla, num_seqs: int, seq_len: int, gen: torch.Genera
                              use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True, initial_state=None,
                              output_final_state=True, cu_seqlens=cu_long, cu_seqlens_cpu=cu_cpu)
 
-        us = median_us(fla_call, use_graph=False, reps=20)
-        rows.append(_row(case, f"fla {version} chunk (eager)", us, nbytes, ctx, flops, sweep=False))
+        timing = _time(fla_call, eager=True)
+        rows.append(_row(case, f"fla {version} chunk (eager)", timing, nbytes, ctx, flops, sweep=False))
         rows += [dict(r, impl="fla kernel breakdown") for r in kernel_breakdown(fla_call, case)]
     return rows
 
@@ -256,8 +264,8 @@ def small_op_rows(ctx: dict) -> list[dict]:
     for T in (256, 8192):
         o, z = (torch.randn(T, HV, V, device=DEVICE, dtype=ACT, generator=gen) for _ in range(2))
         w = torch.randn(V, device=DEVICE, dtype=ACT, generator=gen)
-        us = median_us(functools.partial(norm_triton.rms_norm_gated, o, z, w, 1e-6))
-        rows.append(_row(f"rms_norm_gated T={T}", "atom triton", us, 3 * T * HV * V * 2, ctx, sweep=False))
+        timing = _time(functools.partial(norm_triton.rms_norm_gated, o, z, w, 1e-6))
+        rows.append(_row(f"rms_norm_gated T={T}", "atom triton", timing, 3 * T * HV * V * 2, ctx, sweep=False))
     return rows
 
 
@@ -270,8 +278,8 @@ def _conv_update_case(ctx: dict, n: int, weight: torch.Tensor, gen: torch.Genera
     nbytes = n * CONV_DIM * (2 + 2 + 3 * 2 * 2)  # x in, out, state read + written
     for bd, warps in itertools.product([128, 256, 512, 1024], [1, 2, 4]):
         cfg = dict(BD=bd, num_warps=warps)
-        us = median_us(functools.partial(conv_update_triton.causal_conv1d_update, x, weight, None, pool, slots, config=cfg))
-        rows.append(_row(case, "atom triton", us, nbytes, ctx, sweep=True, config=cfg))
+        timing = _time(functools.partial(conv_update_triton.causal_conv1d_update, x, weight, None, pool, slots, config=cfg))
+        rows.append(_row(case, "atom triton", timing, nbytes, ctx, sweep=True, config=cfg))
     return rows + [r for r in [_best(rows, case)] if r]
 
 
@@ -284,8 +292,8 @@ def _conv_prefill_case(ctx: dict, T: int, weight: torch.Tensor, gen: torch.Gener
     slots = torch.zeros(1, dtype=torch.long, device=DEVICE)
     for bt, bd, warps in itertools.product([16, 32, 64], [64, 128, 256], [4, 8]):
         cfg = dict(BT=bt, BD=bd, num_warps=warps)
-        us = median_us(functools.partial(conv_triton.causal_conv1d, x, weight, None, pool, cu, slots, None, config=cfg))
-        rows.append(_row(case, "atom triton", us, 2 * T * CONV_DIM * 2, ctx, sweep=True, config=cfg))
+        timing = _time(functools.partial(conv_triton.causal_conv1d, x, weight, None, pool, cu, slots, None, config=cfg))
+        rows.append(_row(case, "atom triton", timing, 2 * T * CONV_DIM * 2, ctx, sweep=True, config=cfg))
     return rows + [r for r in [_best(rows, case)] if r]
 
 
