@@ -297,6 +297,36 @@ def _conv_prefill_case(ctx: dict, T: int, weight: torch.Tensor, gen: torch.Gener
     return rows + [r for r in [_best(rows, case)] if r]
 
 
+def _find(rows: list[dict], case: str, impl: str) -> dict | None:
+    """The row of ``case`` whose impl is ``impl`` ("fla": any fla timing row)."""
+    def hit(r: dict) -> bool:
+        name = str(r.get("impl", ""))
+        return (name.startswith("fla ") and "breakdown" not in name) if impl == "fla" else name == impl
+    return next((r for r in rows if r.get("case") == case and "us" in r and hit(r)), None)
+
+
+def target_rows(rows: list[dict]) -> list[dict]:
+    """The issue's targets, each with the measured numbers and whether it is met (None: not measured)."""
+    out = []
+
+    def target(name: str, met, **numbers):
+        out.append({"case": "target", "impl": name, "met": met, **numbers})
+
+    n256, fla256 = _find(rows, "decode N=256", "atom best"), _find(rows, "decode N=256", "fla")
+    target("decode N=256 within 1.15x of the floor", None if n256 is None else n256["ratio_to_floor"] <= 1.15,
+           ratio=n256 and n256["ratio_to_floor"], us=n256 and n256["us"], floor_us=n256 and n256["floor_us"])
+    target("decode N=256 faster than fla fused_recurrent", None if not (n256 and fla256) else n256["us"] < fla256["us"],
+           atom_us=n256 and n256["us"], fla_us=fla256 and fla256["us"])
+    n1 = _find(rows, "decode N=1", "atom best")
+    target("decode N=1 under 15 us (graph replay)", None if n1 is None else n1["us"] < 15.0 and n1["graph"],
+           us=n1 and n1["us"])
+    for case in ("prefill 1x8192", "prefill 8x4096"):
+        mine, theirs = _find(rows, case, "atom best"), _find(rows, case, "fla")
+        target(f"{case} faster than fla chunk_gated_delta_rule", None if not (mine and theirs) else mine["us"] < theirs["us"],
+               atom_us=mine and mine["us"], fla_us=theirs and theirs["us"])
+    return out
+
+
 def run(ctx: dict) -> list[dict]:
     fla, why = _fla()
     rows: list[dict] = []
@@ -306,4 +336,4 @@ def run(ctx: dict) -> list[dict]:
         rows += decode_rows(ctx, fla)
         rows += prefill_rows(ctx, fla)
         rows += small_op_rows(ctx)
-    return rows
+    return rows + target_rows(rows)
