@@ -267,7 +267,7 @@ def _state_kernel(
         h = tl.load(tile, mask=tile_mask & read, other=0.0).to(tl.float32)
     else:
         h = tl.zeros([BK, BV], dtype=tl.float32)
-    num_chunks = tl.cdiv(eos - bos, BT)
+    num_chunks = tl.cdiv(eos - bos, BT).to(tl.int32)
     if USE_WHILE:  # the CPU interpreter (see _triton_common)
         c = 0
         while c < num_chunks:
