@@ -88,6 +88,18 @@ def test_speculative_decode_per_token_slots(device, rng, layout):
     assert torch.equal(s[untouched], pool[untouched])
 
 
+def test_multi_token_decode_in_place(device, rng):
+    """Tq=3 tokens per sequence with one slot each: the state after the last token is written back."""
+    H, HV, K, V, N, Tq = 2, 4, 32, 16, 3, 3
+    x = draw(rng, device, N * Tq, H, HV, K, V)
+    pool = state_pool(rng, device, 4, V_MAJOR, HV, K, V)
+    args = (x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], pool, torch.tensor([3, -1, 0], device=device))
+    (o_ref, s_ref), (o, s) = run_both(fused_recurrent_gated_delta_rule, *args, state_layout=V_MAJOR)
+    assert_close(o, o_ref, tol=FP32_TOL)
+    assert_close(s, s_ref, tol=FP32_TOL)
+    assert torch.equal(o[3:6], torch.zeros_like(o[3:6]))
+
+
 def test_decode_bf16_inputs(device, rng):
     H, HV, K, V, N = 2, 4, 64, 32, 3
     x = draw(rng, device, N, H, HV, K, V, dtype=torch.bfloat16)
