@@ -50,14 +50,22 @@ def _fla():
     return (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, getattr(fla, "__version__", "?")), None
 
 
-def _time(fn, *, rotate: int = 1, eager: bool = False) -> dict:
-    """``measure``: CUDA-graph replay of >= 20 calls (``rotate`` distinct inputs cycled), or eager calls."""
-    if eager:
-        return measure(fn, use_graph=False, calls_per_graph=3, reps=15)
-    return measure(fn, calls_per_graph=max(20, rotate))
+def _time(fn, *, rotate: int = 1, eager: bool = False) -> dict | Exception:
+    """``measure``: CUDA-graph replay of >= 20 calls (``rotate`` distinct inputs cycled), or eager calls;
+    the exception instead when the call fails."""
+    try:
+        if eager:
+            return measure(fn, use_graph=False, calls_per_graph=3, reps=15)
+        return measure(fn, calls_per_graph=max(20, rotate))
+    except Exception as err:  # noqa: BLE001 - reported as an error row
+        return err
 
 
-def _row(case: str, impl: str, timing: dict, nbytes: int, ctx: dict, flops: float = 0.0, **extra: Any) -> dict:
+def _row(case: str, impl: str, timing: dict | Exception, nbytes: int, ctx: dict, flops: float = 0.0, **extra: Any) -> dict:
+    """One result row; a timing that failed (a config that does not compile, a peer that breaks) becomes an
+    error row, so one bad config never loses the rest of the suite."""
+    if isinstance(timing, Exception):
+        return {"case": case, "impl": impl, "error": f"{type(timing).__name__}: {str(timing)[:300]}", **extra}
     us = timing["us"]
     floor_us = nbytes / ctx["copy_bytes_per_s"] * 1e6
     row = {"case": case, "impl": impl, "us": us, "graph": timing["graph"], "bytes": nbytes,
@@ -70,7 +78,7 @@ def _row(case: str, impl: str, timing: dict, nbytes: int, ctx: dict, flops: floa
 
 
 def _best(rows: list[dict], case: str, impl: str = "atom best", **match: Any) -> dict | None:
-    mine = [r for r in rows if r["case"] == case and r.get("sweep") and all(r.get(k) == v for k, v in match.items())]
+    mine = [r for r in rows if r["case"] == case and r.get("sweep") and "us" in r and all(r.get(k) == v for k, v in match.items())]
     if not mine:
         return None
     best = dict(min(mine, key=lambda r: r["us"]))
