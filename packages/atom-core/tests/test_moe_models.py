@@ -68,6 +68,19 @@ def test_fp32_cpu_parity(moe_dir, arch):
     model_dir = moe_dir(arch)
     runner = check_model(model_dir, hf_model(model_dir))
     assert any(isinstance(m, FusedMoE) for m in runner.model.modules())
+    if arch == "Glm4MoeForCausalLM":
+        _check_correction_bias_matters(runner.model.model.layers[1].mlp.gate)
+
+
+def _check_correction_bias_matters(gate):
+    """The randomised bias changes the routing (so the parity test would catch ignoring it)."""
+    x = torch.randn(64, gate.weight.shape[1], generator=torch.Generator().manual_seed(0))
+    with_bias = gate(x)[1].sort(dim=-1).values
+    bias = gate.e_score_correction_bias.detach().clone()
+    gate.e_score_correction_bias.zero_()
+    without = gate(x)[1].sort(dim=-1).values
+    gate.e_score_correction_bias.copy_(bias)
+    assert not torch.equal(with_bias, without)
 
 
 def test_glm4_moe_variant(moe_dir):
@@ -75,19 +88,6 @@ def test_glm4_moe_variant(moe_dir):
     model_dir = moe_dir("Glm4MoeForCausalLM", use_qk_norm=False, partial_rotary_factor=1.0, n_group=1, topk_group=1,
                         norm_topk_prob=False, routed_scaling_factor=1.0, n_shared_experts=2, attention_bias=False)
     check_model(model_dir, hf_model(model_dir), max_new_tokens=4)
-
-
-def test_glm4_correction_bias_matters(moe_dir):
-    """The randomised bias changes the routing (so the parity test above would catch ignoring it)."""
-    from atom_core.runtime.runner import Runner
-
-    model_dir = moe_dir("Glm4MoeForCausalLM")
-    runner = Runner(model_dir)
-    gate = runner.model.model.layers[1].mlp.gate
-    x = torch.randn(64, gate.weight.shape[1])
-    with_bias = gate(x)[1].sort(dim=-1).values
-    gate.e_score_correction_bias.zero_()
-    assert not torch.equal(with_bias, gate(x)[1].sort(dim=-1).values)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

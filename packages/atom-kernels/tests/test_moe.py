@@ -271,6 +271,17 @@ def test_kernel_configs_are_valid():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("tokens", [1, 16, 256, 2048])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_moe_cuda_real_sizes(rng, tokens, dtype):
+    """Every shape class's default tiles at sizes the interpreter cannot reach (top-8 of 64 experts)."""
+    args = make_moe(rng, "cuda", dtype, tokens, 8, 48, 1024, 384, global_experts=64)
+    check_fused_moe(args, dtype)
+    x, w13, w2, weights, ids, _ = make_moe(rng, "cuda", dtype, tokens, 8, 64, 1024, 384)
+    check_fused_moe((x, w13, w2, weights, ids, None), dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_fused_moe_cuda_graph(rng):
     """Routing, alignment and both GEMMs captured once, replayed on new routings and inputs."""
     x, w13, w2, weights, ids, _ = make_moe(rng, "cuda", torch.bfloat16, 8, 4, 16, 256, 128)

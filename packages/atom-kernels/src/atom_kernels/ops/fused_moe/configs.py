@@ -40,37 +40,39 @@ class MoeKernelConfig:
 SHAPE_CLASSES: tuple[tuple[float, str], ...] = ((1.0, "decode"), (8.0, "small"), (64.0, "medium"), (float("inf"), "large"))
 
 CONFIGS: dict[str, MoeKernelConfig] = {
-    "decode": MoeKernelConfig(16, GemmTile(32, 256, 4, 3), GemmTile(64, 128, 4, 4), group_m=1),
-    "small": MoeKernelConfig(16, GemmTile(64, 128, 4, 3), GemmTile(64, 128, 4, 4), group_m=1),
+    "decode": MoeKernelConfig(16, GemmTile(32, 128, 4, 4), GemmTile(64, 128, 4, 4), group_m=1),
+    "small": MoeKernelConfig(16, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 4, 3), group_m=1),
     "medium": MoeKernelConfig(32, GemmTile(64, 128, 4, 3), GemmTile(128, 64, 4, 4), group_m=8),
     "large": MoeKernelConfig(64, GemmTile(128, 64, 8, 4), GemmTile(128, 64, 4, 4), group_m=8),
 }
 
-# Candidates the benchmark times for each class (the default first).
+# Candidates the benchmark times for each class (the default first).  The gate|up kernel computes two
+# accumulators (gate and up) per column tile, so its block_n covers half the columns of a plain GEMM's.
 SWEEP: dict[str, tuple[MoeKernelConfig, ...]] = {
     "decode": (
         CONFIGS["decode"],
-        MoeKernelConfig(16, GemmTile(64, 128, 4, 4), GemmTile(64, 128, 4, 4), group_m=1),
-        MoeKernelConfig(16, GemmTile(32, 128, 4, 5), GemmTile(32, 256, 4, 3), group_m=1),
+        MoeKernelConfig(16, GemmTile(32, 64, 4, 5), GemmTile(64, 64, 4, 5), group_m=1),
+        MoeKernelConfig(16, GemmTile(32, 256, 4, 2), GemmTile(64, 256, 4, 2), group_m=1),
         MoeKernelConfig(16, GemmTile(16, 256, 2, 4), GemmTile(32, 128, 2, 5), group_m=1),
+        MoeKernelConfig(16, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 4, 3), group_m=1),
     ),
     "small": (
         CONFIGS["small"],
-        MoeKernelConfig(16, GemmTile(32, 256, 4, 3), GemmTile(64, 128, 4, 4), group_m=1),
-        MoeKernelConfig(16, GemmTile(64, 64, 4, 5), GemmTile(128, 64, 4, 4), group_m=1),
-        MoeKernelConfig(32, GemmTile(64, 128, 4, 3), GemmTile(64, 128, 4, 4), group_m=4),
+        MoeKernelConfig(16, GemmTile(32, 128, 4, 4), GemmTile(64, 128, 4, 4), group_m=1),
+        MoeKernelConfig(16, GemmTile(64, 64, 4, 5), GemmTile(128, 64, 4, 4), group_m=16),
+        MoeKernelConfig(32, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 4, 3), group_m=4),
     ),
     "medium": (
         CONFIGS["medium"],
+        MoeKernelConfig(32, GemmTile(128, 128, 4, 2), GemmTile(256, 128, 4, 2), group_m=16),
         MoeKernelConfig(16, GemmTile(64, 128, 4, 4), GemmTile(128, 128, 4, 3), group_m=8),
-        MoeKernelConfig(32, GemmTile(128, 64, 4, 4), GemmTile(128, 64, 4, 4), group_m=8),
-        MoeKernelConfig(64, GemmTile(64, 64, 4, 4), GemmTile(64, 64, 4, 4), group_m=8),
+        MoeKernelConfig(64, GemmTile(64, 64, 4, 4), GemmTile(128, 64, 4, 4), group_m=8),
     ),
     "large": (
         CONFIGS["large"],
-        MoeKernelConfig(64, GemmTile(128, 64, 4, 4), GemmTile(128, 64, 4, 4), group_m=8),
+        MoeKernelConfig(128, GemmTile(128, 64, 8, 4), GemmTile(256, 64, 8, 4), group_m=16),
+        MoeKernelConfig(128, GemmTile(64, 64, 8, 4), GemmTile(256, 64, 8, 4), group_m=8),
         MoeKernelConfig(128, GemmTile(128, 64, 8, 3), GemmTile(128, 64, 8, 3), group_m=8),
-        MoeKernelConfig(128, GemmTile(64, 64, 4, 4), GemmTile(256, 64, 8, 3), group_m=16),
         MoeKernelConfig(64, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 8, 3), group_m=8),
     ),
 }
