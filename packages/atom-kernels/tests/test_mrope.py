@@ -193,3 +193,25 @@ def test_reference_matches_transformers(rng, model):
     got_q, got_k = mrope.call_backend("reference", positions, q.clone(), k.clone(), cache, head_size, section, interleaved)
     torch.testing.assert_close(got_q, want_q[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_k, want_k[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_bench_suite_runs_on_cpu(monkeypatch):
+    """The GPU bench's plumbing (inputs, sweep, transformers peers, rows) on tiny sizes, timing stubbed,
+    so a GPU run is not spent finding a typo."""
+    pytest.importorskip("transformers")
+    import atom_kernels.bench.mrope as suite
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(suite, "median_us", lambda fn, rotate=1, **kw: [fn() for _ in range(rotate)] and 1.0)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    monkeypatch.setattr(suite, "SWEEP_BLOCK_H", (4,))
+    monkeypatch.setattr(suite, "SWEEP_WARPS", (4,))
+    monkeypatch.setattr(suite, "L2_DEFEAT_BYTES", 1)  # one input copy
+    ctx = {"copy_bytes_per_s": 4e12}
+    for case, fused in ((suite.CASES[1], False), (suite.CASES[2], True)):
+        rows = suite.bench_case(case, 8, fused, ctx, device="cpu")
+        assert not [r for r in rows if "error" in r], rows
+        impls = [r["impl"] for r in rows]
+        assert {"atom-triton", "hf-eager", "hf-compile", "atom-triton-best", "floor"} <= set(impls)
+        best = next(r for r in rows if r["impl"] == "atom-triton-best")
+        assert best["floor_us"] == pytest.approx(best["bytes"] / 4e12 * 1e6)
