@@ -54,7 +54,8 @@ def hf_logits(hf, prompt: Prompt, extra_tokens=(), device="cpu"):
     ids = torch.tensor([prompt.token_ids + list(extra_tokens)], device=device)
     kwargs = {}
     if prompt.images is not None:
-        kwargs = dict(pixel_values=prompt.images.pixel_values.to(device), image_grid_thw=prompt.images.image_grid_thw,
+        kwargs = dict(pixel_values=prompt.images.pixel_values.to(device),
+                      image_grid_thw=prompt.images.image_grid_thw.to(device),
                       mm_token_type_ids=(ids == hf.config.image_token_id).int())
     return hf(input_ids=ids, **kwargs).logits[0].float().cpu()
 
@@ -64,7 +65,8 @@ def hf_greedy(hf, prompt: Prompt, max_new_tokens, device="cpu"):
     ids = torch.tensor([prompt.token_ids], device=device)
     kwargs = {}
     if prompt.images is not None:
-        kwargs = dict(pixel_values=prompt.images.pixel_values.to(device), image_grid_thw=prompt.images.image_grid_thw,
+        kwargs = dict(pixel_values=prompt.images.pixel_values.to(device),
+                      image_grid_thw=prompt.images.image_grid_thw.to(device),
                       mm_token_type_ids=(ids == hf.config.image_token_id).int())
     out = hf.generate(input_ids=ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
                       pad_token_id=0, **kwargs)

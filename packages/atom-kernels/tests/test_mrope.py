@@ -195,13 +195,12 @@ def test_reference_matches_transformers(rng, model):
     torch.testing.assert_close(got_k, want_k[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
 
 
-def test_bench_suite_runs_on_cpu(monkeypatch):
+def test_bench_suite_plumbing(device, monkeypatch):
     """The GPU bench's plumbing (inputs, sweep, transformers peers, rows) on tiny sizes, timing stubbed,
     so a GPU run is not spent finding a typo."""
     pytest.importorskip("transformers")
     import atom_kernels.bench.mrope as suite
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(suite, "median_us", lambda fn, rotate=1, **kw: [fn() for _ in range(rotate)] and 1.0)
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
     monkeypatch.setattr(suite, "SWEEP_BLOCK_H", (4,))
@@ -209,7 +208,7 @@ def test_bench_suite_runs_on_cpu(monkeypatch):
     monkeypatch.setattr(suite, "L2_DEFEAT_BYTES", 1)  # one input copy
     ctx = {"copy_bytes_per_s": 4e12}
     for case, fused in ((suite.CASES[1], False), (suite.CASES[2], True)):
-        rows = suite.bench_case(case, 8, fused, ctx, device="cpu")
+        rows = suite.bench_case(case, 8, fused, ctx, device=device.type)
         assert not [r for r in rows if "error" in r], rows
         impls = [r["impl"] for r in rows]
         assert {"atom-triton", "hf-eager", "hf-compile", "atom-triton-best", "floor"} <= set(impls)

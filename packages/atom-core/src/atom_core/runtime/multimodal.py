@@ -33,7 +33,10 @@ def as_prompt(prompt: Sequence[int] | Prompt) -> Prompt:
 
 def load_images(model_dir: str | Path, paths: Sequence[str | Path]) -> ImageInputs:
     """Read image files and preprocess them with the processor the checkpoint's preprocessor_config.json names."""
-    from PIL import Image
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError("images need pillow: pip install 'atom-core[images]'") from None
     from transformers import AutoImageProcessor
 
     if not (Path(model_dir) / "preprocessor_config.json").is_file():
