@@ -112,6 +112,18 @@ def test_tied_embeddings_and_no_deepstack(tiny, image_files):
                      max_new_tokens=3)
 
 
+def test_dense_deepstack_form(tiny, image_files, monkeypatch):
+    """The fixed-shape deepstack form (features over every token, zeros at text) gives the same logits."""
+    model_dir = tiny(ARCH)
+    runner = Runner(model_dir)
+    prompts = image_prompts(model_dir, runner.hf_config, image_files)
+    ref = runner.prompt_logits(prompts)
+    sparse = runner.model.deepstack_inputs
+    monkeypatch.setattr(runner.model, "deepstack_inputs", lambda items, is_mm: sparse(items, is_mm, dense=True))
+    for got, want in zip(runner.prompt_logits(prompts), ref):
+        assert (got - want).abs().max().item() < 1e-5
+
+
 def test_triton_kernels_through_the_model(tiny, image_files, monkeypatch):
     """Every op forced onto its Triton kernel (CPU interpreter): MRoPE fused with q/k norm in the decoder,
     the vision tower's 2-D rotary through the same kernel, and the same logits."""

@@ -34,11 +34,18 @@ from atom_core.mrope_positions import mrope_positions
 
 @dataclass
 class Deepstack:
-    """Visual features added to the residual stream after the first decoder layers (DeepStack):
-    after layer ``i``, rows ``token_index`` (``[V]``) gain ``embeds[i]`` (``[V, hidden]``)."""
+    """Visual features added to the residual stream after the first decoder layers (DeepStack): after
+    layer ``i``, rows ``token_index`` (``[V]``) gain ``embeds[i]`` (``[V, hidden]``).  Without
+    ``token_index``, ``embeds[i]`` covers every token of the step (``[T, hidden]``, zero at text rows): the
+    fixed-shape form a CUDA-graph host keeps in a persistent buffer."""
 
-    token_index: torch.Tensor
-    embeds: torch.Tensor  # [num_deepstack_layers, V, hidden]
+    token_index: torch.Tensor | None
+    embeds: torch.Tensor  # [num_deepstack_layers, V or T, hidden]
+
+    def add_to(self, residual: torch.Tensor, layer: int) -> torch.Tensor:
+        if self.token_index is None:
+            return residual + self.embeds[layer]
+        return residual.index_add(0, self.token_index, self.embeds[layer])
 
 
 class MRopeAttention(Attention):
@@ -64,7 +71,7 @@ class VLTextModel(DecoderModel):
         for i, layer in enumerate(self.layers):
             h, residual = layer(positions, h, residual)
             if deepstack is not None and i < deepstack.embeds.shape[0]:
-                residual = residual.index_add(0, deepstack.token_index, deepstack.embeds[i])
+                residual = deepstack.add_to(residual, i)
         h, _ = self.norm(h, residual)
         return h
 
@@ -85,7 +92,7 @@ _TIED_MAPPER = dataclasses.replace(_MAPPER, ignored=(r"^lm_head\.weight$",))
 
 class Qwen3VLForConditionalGeneration(CausalLM):
     weight_mapper = _MAPPER
-    position_rows: ClassVar[int] = 3  # the runner passes [3, T] positions (prompt_positions, then + delta)
+    position_rows = 3  # [3, T] positions: prompt_positions, then index + delta
     mrope_interleaved: ClassVar[bool] = True  # transformers' Qwen3-VL interleaves whatever the config says
 
     def __init__(self, hf_config: Any, host: Host, prefix: str = ""):
@@ -135,15 +142,20 @@ class Qwen3VLForConditionalGeneration(CausalLM):
             embeds[is_multimodal] = torch.cat(list(multimodal_embeddings))[:, :hidden].to(embeds.dtype)
         return embeds
 
-    def deepstack_inputs(self, multimodal_embeddings: Sequence[torch.Tensor] | None,
-                         is_multimodal: torch.Tensor) -> Deepstack | None:
-        """The deepstack part of the items' embeddings, placed at the placeholder rows."""
+    def deepstack_inputs(self, multimodal_embeddings: Sequence[torch.Tensor] | None, is_multimodal: torch.Tensor,
+                         *, dense: bool = False) -> Deepstack | None:
+        """The deepstack part of the items' embeddings, placed at the placeholder rows (``dense``: as
+        ``[layers, T, hidden]`` over all the step's tokens)."""
         if not multimodal_embeddings or not self.model.visual.config.deepstack_indexes:
             return None
         hidden = self.decoder_config.hidden_size
         features = torch.cat(list(multimodal_embeddings))[:, hidden:]
         embeds = features.view(features.shape[0], -1, hidden).transpose(0, 1)
-        return Deepstack(token_index=is_multimodal.nonzero().view(-1), embeds=embeds.to(self.lm_head.weight.dtype))
+        if dense:
+            full = embeds.new_zeros(embeds.shape[0], is_multimodal.shape[0], hidden)
+            full[:, is_multimodal] = embeds
+            return Deepstack(token_index=None, embeds=full)
+        return Deepstack(token_index=is_multimodal.nonzero().view(-1), embeds=embeds)
 
     def multimodal_forward_inputs(self, input_ids: torch.Tensor, pixel_values: torch.Tensor,
                                   image_grid_thw: torch.Tensor) -> dict[str, Any]:

@@ -49,7 +49,7 @@ class Runner:
         self.model.load_weights(Checkpoint(self.model_dir))
         self.model.eval()
         self.eos_token_ids = _eos_ids(self.hf_config, self.model_dir)
-        self.position_rows = getattr(self.model, "position_rows", 1)  # 3: the model wants MRoPE positions
+        self.position_rows = self.model.position_rows  # 3: the model wants MRoPE positions
 
     # ------------------------------------------------------------------------------------- steps
     def _ensure_cache(self, slots_needed: int) -> None:

@@ -30,10 +30,11 @@ class Config:
 # Chosen per shape class from the H200 sweep of ``python -m atom_kernels.bench mrope``; until that run the
 # entries are the starting points the sweep is centred on (about 2K elements per program).
 CONFIGS: dict[str, Config] = {
-    "rope-narrow": Config(block_h=16, num_warps=4),  # touches <= 64 dims per head
-    "rope-wide": Config(block_h=8, num_warps=4),
+    "rope-narrow": Config(block_h=16, num_warps=4),  # rotates <= 64 dims per head (Qwen3.5: 64 of 256)
+    "rope-wide": Config(block_h=8, num_warps=4),  # <= 128 (Qwen2.5-VL, Qwen3-VL)
+    "rope-xwide": Config(block_h=4, num_warps=4),
     "norm-narrow": Config(block_h=16, num_warps=4),
-    "norm-wide": Config(block_h=8, num_warps=4),  # whole heads of 128 dims
+    "norm-wide": Config(block_h=8, num_warps=4),  # whole heads of 128 dims (Qwen3-VL)
     "norm-xwide": Config(block_h=4, num_warps=4),  # whole heads of 256 dims (Qwen3.5)
 }
 
@@ -42,8 +43,7 @@ def shape_class(head_size: int, rotary_dim: int, fused_norm: bool) -> str:
     """The key of :data:`CONFIGS`: what the kernel touches per head (rotated dims, or whole heads when normed)."""
     touched = head_size if fused_norm else rotary_dim
     width = "narrow" if touched <= 64 else "wide" if touched <= 128 else "xwide"
-    key = f"{'norm' if fused_norm else 'rope'}-{width}"
-    return key if key in CONFIGS else f"{key.split('-')[0]}-wide"
+    return f"{'norm' if fused_norm else 'rope'}-{width}"
 
 
 def unsupported(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved=False, *,
