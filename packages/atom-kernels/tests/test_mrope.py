@@ -3,7 +3,7 @@ Qwen2-VL / Qwen3-VL / Qwen3.5 rotary embeddings."""
 
 import pytest
 import torch
-from helpers import assert_close, randn
+from helpers import assert_close, assert_graph_capturable, randn
 
 from atom_kernels import dispatch, mrope, rotary_embedding
 from atom_kernels.ops.mrope.reference import section_rows
@@ -201,7 +201,7 @@ def test_bench_suite_plumbing(device, monkeypatch):
     pytest.importorskip("transformers")
     import atom_kernels.bench.mrope as suite
 
-    monkeypatch.setattr(suite, "median_us", lambda fn, rotate=1, **kw: [fn() for _ in range(rotate)] and 1.0)
+    monkeypatch.setattr(suite.timing, "measure", lambda fn, **kw: [fn(), {"us": 1.0, "graph": True}][1])
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
     monkeypatch.setattr(suite, "SWEEP_BLOCK_H", (4,))
     monkeypatch.setattr(suite, "SWEEP_WARPS", (4,))
@@ -214,3 +214,22 @@ def test_bench_suite_plumbing(device, monkeypatch):
         assert {"atom-triton", "hf-eager", "hf-compile", "atom-triton-best", "floor"} <= set(impls)
         best = next(r for r in rows if r["impl"] == "atom-triton-best")
         assert best["floor_us"] == pytest.approx(best["bytes"] / 4e12 * 1e6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("fused", [False, True], ids=["rope", "qknorm+rope"])
+def test_cuda_graph_capturable(rng, fused):
+    num_heads, num_kv_heads, head_size, rotary_dim, section = SHAPES[1]
+    cache = randn(MAX_POS, rotary_dim, device="cuda", gen=rng)
+    positions = _positions(11, rng, "cuda")
+    qk = randn(11, (num_heads + num_kv_heads) * head_size, dtype=torch.bfloat16, device="cuda", gen=rng)
+    norm = dict(q_weight=randn(head_size, dtype=torch.bfloat16, device="cuda", gen=rng),
+                k_weight=randn(head_size, dtype=torch.bfloat16, device="cuda", gen=rng), weight_offset=1.0) if fused else {}
+
+    def rotate_copy():
+        out = qk.clone()
+        q, k = out[:, : num_heads * head_size], out[:, num_heads * head_size :]
+        mrope.call_backend("triton", positions, q, k, cache, head_size, section, True, **norm)
+        return out
+
+    assert_graph_capturable(rotate_copy, qk)

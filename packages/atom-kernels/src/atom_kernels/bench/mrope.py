@@ -3,9 +3,9 @@ with transformers' eager implementation, the same under ``torch.compile``, and t
 
 Cases: Qwen3-VL (interleaved sections, head 128) and Qwen2.5-VL (chunked sections, head 128) with 32 q
 and 4 kv heads; Qwen3.5 (interleaved, head 256, rotary 64, 16 q and 4 kv heads); each at T = 1024 and
-16384, rotation alone and (for the models that have one) fused with the per-head q/k RMSNorm before it.  bf16, positions
-``[3, T]`` of an image-like prompt.  Times are medians of CUDA-graph replays over enough input copies
-to defeat the L2 cache.
+16384, rotation alone and (for the models that have one) fused with the per-head q/k RMSNorm before
+it.  bf16, positions ``[3, T]`` of an image-like prompt.  Times are medians of CUDA-graph replays
+(``graph`` says whether capture worked) cycling over enough input copies to defeat the L2 cache.
 
 Floors (bytes / measured copy bandwidth): ``floor_us`` counts what the op must move — the rotated dims
 of q and k read and written once (the whole heads when the norm is fused); ``floor_qk_us`` counts whole
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from atom_kernels.bench.timing import median_us
+from atom_kernels.bench import timing
 from atom_kernels.ops.mrope import triton as mrope_triton
 
 L2_DEFEAT_BYTES = 256 << 20  # cycle over enough input copies that one replay streams this much
@@ -164,6 +164,9 @@ def bench_case(case: Case, num_tokens: int, fused: bool, ctx: dict, device: str 
         rows.append(dict(base, impl=impl, us=us, TBps=op_bytes / (us * 1e-6) / 1e12,
                          ratio_to_floor=us / base["floor_us"], **extra))
 
+    def measure(fn) -> dict:
+        return timing.measure(fn, calls_per_graph=max(copies, 20))
+
     def atom(config: mrope_triton.Config):
         def step():
             q, k = inputs.next()
@@ -174,12 +177,12 @@ def bench_case(case: Case, num_tokens: int, fused: bool, ctx: dict, device: str 
     sweep = []
     for config in _configs(case, fused, ctx.get("quick", False)):
         try:
-            us = median_us(atom(config), rotate=copies)
+            timed = measure(atom(config))
         except Exception as err:  # a config that does not compile is reported, not fatal
             rows.append(dict(base, impl="atom-triton", config=vars(config), error=f"{type(err).__name__}: {err}"))
             continue
-        sweep.append((us, config))
-        row("atom-triton", us, config=vars(config))
+        sweep.append((timed["us"], config))
+        row("atom-triton", timed["us"], graph=timed["graph"], config=vars(config))
 
     peers = {}
     try:
@@ -195,8 +198,9 @@ def bench_case(case: Case, num_tokens: int, fused: bool, ctx: dict, device: str 
 
         compiled = torch.compile(hf_step, dynamic=False)
         for name, fn in (("hf-eager", hf_step), ("hf-compile", compiled)):
-            peers[f"{name.replace('-', '_')}_us"] = us = median_us(lambda fn=fn: fn(*inputs.next()), rotate=copies)
-            row(name, us)
+            timed = measure(lambda fn=fn: fn(*inputs.next()))
+            peers[f"{name.replace('-', '_')}_us"] = timed["us"]
+            row(name, timed["us"], graph=timed["graph"])
     except Exception as err:  # the peers missing must not lose ATOM's numbers
         rows.append(dict(base, impl="hf", error=f"{type(err).__name__}: {err}"))
 
