@@ -88,3 +88,15 @@ def test_mismatched_placeholders_are_clear_errors():
         mrope_positions([1, 500, 2, 500], image_grid_thw=[[1, 2, 2]], **kwargs)
     with pytest.raises(MultimodalPromptError, match="more image grids"):
         mrope_positions([1, 2], image_grid_thw=[[1, 2, 2]], **kwargs)
+
+
+def test_runner_position_plan_spans_prompt_and_decode():
+    """The runner's per-sequence plan: prompt positions, then index + delta on every row, also across the seam."""
+    from atom_core.runtime.positions import PositionPlan
+
+    prompt, delta = mrope_positions([1, 500, 500, 500, 500, 2], image_token_id=500, video_token_id=501,
+                                    spatial_merge_size=2, image_grid_thw=[[1, 4, 4]])
+    plan = PositionPlan(rows=3, prompt=prompt, delta=delta)
+    assert torch.equal(plan.positions(0, 6), prompt)
+    assert torch.equal(plan.positions(4, 4), torch.cat([prompt[:, 4:], decode_positions(6, 2, delta)], dim=1))
+    assert torch.equal(PositionPlan().positions(3, 2), torch.tensor([[3, 4]]))

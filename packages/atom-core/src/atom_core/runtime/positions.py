@@ -20,7 +20,8 @@ class PositionPlan:
 
     def positions(self, start: int, count: int) -> torch.Tensor:
         """``[rows, count]`` int64 positions of tokens ``start .. start + count - 1``."""
-        inside = self.prompt[:, start : start + count] if self.prompt is not None else self.prompt
-        done = 0 if inside is None else inside.shape[1]
-        after = (torch.arange(start + done, start + count) + self.delta).expand(self.rows, -1)
-        return after if inside is None else torch.cat([inside, after], dim=1)
+        in_prompt = 0 if self.prompt is None else max(0, min(count, self.prompt.shape[1] - start))
+        after = (torch.arange(start + in_prompt, start + count) + self.delta).expand(self.rows, -1)
+        if in_prompt == 0:
+            return after
+        return torch.cat([self.prompt[:, start : start + in_prompt], after], dim=1)

@@ -67,7 +67,7 @@ class Runner:
 
     def _multimodal_inputs(self, input_ids: torch.Tensor, images: list[ImageInputs]) -> dict:
         """``forward`` keyword arguments carrying this step's images (the model embeds them)."""
-        if not hasattr(self.model, "multimodal_forward_inputs"):
+        if catalog.MULTIMODAL not in self.spec.capabilities:
             raise ValueError(f"{self.spec.name} does not take images")
         pixels = torch.cat([im.pixel_values for im in images]).to(self.device)
         grids = torch.cat([im.image_grid_thw for im in images])
