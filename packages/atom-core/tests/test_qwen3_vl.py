@@ -162,3 +162,36 @@ def test_bf16_cuda_parity(tiny, image_files):
     runner = Runner(model_dir, device="cuda", dtype=torch.bfloat16)
     prompts = image_prompts(model_dir, runner.hf_config, image_files)
     check_multimodal(runner, hf_vl_model(model_dir, device="cuda"), prompts, atol=BF16_LOGIT_ATOL, device="cuda")
+
+
+@pytest.mark.parametrize("hf_class", ["Qwen3VLVisionModel", "Qwen3_5VisionModel"])
+def test_vision_tower_matches_transformers(hf_class):
+    """ATOM's vision tower against transformers' on the same random weights: two images and a two-frame-group
+    video (attention within each frame group); Qwen3.5's tower is Qwen3-VL's without deepstack."""
+    import transformers
+
+    from atom_core.loader import WeightMapper, load_weights
+    from atom_core.models.qwen3_vl_vision import VisionModel
+    from atom_core.runtime.host import NativeHost
+
+    vision = dict(catalog.get(ARCH).tiny["vision_config"])
+    if hf_class == "Qwen3_5VisionModel":
+        vision.pop("deepstack_visual_indexes")
+        config = transformers.Qwen3_5VisionConfig(**vision)
+    else:
+        config = transformers.Qwen3VLVisionConfig(**vision)
+    torch.manual_seed(0)
+    hf = getattr(transformers, hf_class)(config).eval()
+    atom = VisionModel(config, host=NativeHost(), prefix="")
+    load_weights(atom, hf.state_dict().items(), WeightMapper(renames=((r"^patch_embed\.proj\.", "patch_embed."),)))
+    grid = torch.tensor([[1, 4, 6], [1, 2, 2], [2, 4, 4]])
+    patch_dim = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    pixels = torch.randn(int(grid.prod(-1).sum()), patch_dim)
+    with torch.inference_mode():
+        want = hf(pixels, grid_thw=grid)
+        embeds, deepstack = atom(pixels, grid)
+    torch.testing.assert_close(embeds, want.pooler_output, rtol=0, atol=1e-5)
+    want_deepstack = getattr(want, "deepstack_features", None) or []
+    assert len(deepstack) == len(want_deepstack) == len(getattr(config, "deepstack_visual_indexes", ()))
+    for got, ref in zip(deepstack, want_deepstack):
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
