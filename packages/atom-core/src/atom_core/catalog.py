@@ -69,6 +69,9 @@ _TINY_QWEN_VL_IMAGES = {
     "size": {"shortest_edge": 16 * 16, "longest_edge": 64 * 64},  # images of 256 to 4096 pixels
 }
 
+# Tiny mixture-of-experts decoders: 8 experts of 96 intermediate features, top-2/4.
+_TINY_MOE = dict(_TINY_DENSE, tie_word_embeddings=False)
+
 ARCHITECTURES: dict[str, ArchSpec] = {
     spec.name: spec
     for spec in [
@@ -87,6 +90,32 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         ArchSpec(
             "Qwen3ForCausalLM", "atom_core.models.llama:Qwen3ForCausalLM", "qwen",
             "transformers:Qwen3ForCausalLM", "qwen3", tiny=dict(_TINY_DENSE, tie_word_embeddings=False),
+        ),
+        ArchSpec(
+            "Qwen3MoeForCausalLM", "atom_core.models.qwen_moe:Qwen3MoeForCausalLM", "qwen_moe",
+            "transformers:Qwen3MoeForCausalLM", "qwen3_moe",
+            # layer 1 is dense (mlp_only_layers), layers 0 and 2 sparse
+            tiny=dict(_TINY_MOE, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=96,
+                      norm_topk_prob=True, mlp_only_layers=[1]),
+        ),
+        ArchSpec(
+            "Qwen2MoeForCausalLM", "atom_core.models.qwen_moe:Qwen2MoeForCausalLM", "qwen_moe",
+            "transformers:Qwen2MoeForCausalLM", "qwen2_moe",
+            tiny=dict(_TINY_MOE, num_experts=8, num_experts_per_tok=4, moe_intermediate_size=96,
+                      shared_expert_intermediate_size=160, norm_topk_prob=False),
+        ),
+        ArchSpec(
+            "MixtralForCausalLM", "atom_core.models.mixtral:MixtralForCausalLM", "mixtral",
+            "transformers:MixtralForCausalLM", "mixtral",
+            tiny=dict(_TINY_MOE, num_local_experts=8, num_experts_per_tok=2, intermediate_size=96, sliding_window=32),
+        ),
+        ArchSpec(
+            "Glm4MoeForCausalLM", "atom_core.models.glm4_moe:Glm4MoeForCausalLM", "glm4_moe",
+            "transformers:Glm4MoeForCausalLM", "glm4_moe",
+            # layer 0 dense; sigmoid routing over 2 groups of 4 experts (1 group kept), one shared expert
+            tiny=dict(_TINY_MOE, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=96,
+                      n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                      first_k_dense_replace=1, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5),
         ),
         ArchSpec(
             "Qwen3VLForConditionalGeneration", "atom_core.models.qwen3_vl:Qwen3VLForConditionalGeneration", "qwen-vl",

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,15 +77,23 @@ class Attention(nn.Module):
         return self.o_proj(self.attn(q, k, v))
 
 
+# (layer id, module prefix) -> the layer's MLP (dense, or a mixture of experts)
+MLPBuilder = Callable[[int, str], nn.Module]
+
+
 class DecoderLayer(nn.Module):
     attention_class: type[Attention] = Attention  # a family with its own attention subclasses the layer
 
-    def __init__(self, cfg: DecoderConfig, options: AttentionOptions, layer_id: int, *, host: Host, prefix: str):
+    def __init__(self, cfg: DecoderConfig, options: AttentionOptions, layer_id: int, *, host: Host, prefix: str,
+                 build_mlp: MLPBuilder | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = self.attention_class(cfg, options, layer_id, host=host, prefix=f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, host=host, prefix=f"{prefix}.mlp")
+        if build_mlp is not None:
+            self.mlp = build_mlp(layer_id, f"{prefix}.mlp")
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, host=host, prefix=f"{prefix}.mlp")
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None):
         if residual is None:
@@ -99,11 +108,13 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     layer_class: type[DecoderLayer] = DecoderLayer
 
-    def __init__(self, cfg: DecoderConfig, options: AttentionOptions, *, host: Host, prefix: str):
+    def __init__(self, cfg: DecoderConfig, options: AttentionOptions, *, host: Host, prefix: str,
+                 build_mlp: MLPBuilder | None = None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, host=host)
         self.layers = nn.ModuleList(
-            self.layer_class(cfg, options, i, host=host, prefix=f"{prefix}.layers.{i}") for i in range(cfg.num_layers)
+            self.layer_class(cfg, options, i, host=host, prefix=f"{prefix}.layers.{i}", build_mlp=build_mlp)
+            for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -132,12 +143,19 @@ class LlamaForCausalLM(CausalLM):
         bias = bool(getattr(cfg, "attention_bias", False))
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
 
+    def build_mlp(self, hf_config: Any, cfg: DecoderConfig, layer_id: int, *, host: Host, prefix: str) -> nn.Module:
+        """The MLP of layer ``layer_id`` (mixture-of-experts families override this)."""
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, host=host, prefix=prefix)
+
     def __init__(self, hf_config: Any, host: Host, prefix: str = ""):
         super().__init__()
         self.config = hf_config
         cfg = DecoderConfig.from_hf(hf_config)
         self.decoder_config = cfg
-        self.model = DecoderModel(cfg, self.attention_options(hf_config), host=host, prefix=_join(prefix, "model"))
+        self.model = DecoderModel(
+            cfg, self.attention_options(hf_config), host=host, prefix=_join(prefix, "model"),
+            build_mlp=lambda layer_id, mlp_prefix: self.build_mlp(hf_config, cfg, layer_id, host=host, prefix=mlp_prefix),
+        )
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, host=host)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
