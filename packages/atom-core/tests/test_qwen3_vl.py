@@ -195,3 +195,40 @@ def test_vision_tower_matches_transformers(hf_class):
     assert len(deepstack) == len(want_deepstack) == len(getattr(config, "deepstack_visual_indexes", ()))
     for got, ref in zip(deepstack, want_deepstack):
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+
+
+def _tp_rank(rank: int, port: int, model_dir: str, prompts, out_path: str) -> None:
+    import os
+
+    import torch.distributed as dist
+    from test_tensor_parallel import WORLD
+
+    from atom_core.host import TorchDistributedTP
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        runner = Runner(model_dir, tp=TorchDistributedTP())
+        torch.save({"logits": runner.prompt_logits(prompts),
+                    "vision_qkv": tuple(runner.model.model.visual.blocks[0].attn.qkv.weight.shape)}, f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tp2_with_images(tiny, image_files, tmp_path):
+    """Two CPU ranks (gloo): the vision tower and the decoder split over tensor parallelism give
+    transformers' logits on a batch with images."""
+    import torch.multiprocessing as mp
+    from test_tensor_parallel import WORLD, _free_port
+
+    model_dir = tiny(ARCH)
+    prompts = image_prompts(model_dir, Runner(model_dir).hf_config, image_files)
+    out = str(tmp_path / "tp")
+    mp.spawn(_tp_rank, args=(_free_port(), model_dir, prompts, out), nprocs=WORLD, join=True)
+    hf = hf_vl_model(model_dir)
+    for rank in range(WORLD):
+        result = torch.load(f"{out}.{rank}")
+        assert result["vision_qkv"] == (3 * 64 // WORLD, 64)  # each rank holds half the vision heads
+        for prompt, got in zip(prompts, result["logits"]):
+            assert (got - hf_logits(hf, prompt)).abs().max().item() <= FP32_LOGIT_ATOL, f"rank {rank}"
