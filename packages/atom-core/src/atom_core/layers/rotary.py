@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from atom_core.errors import UnsupportedConfigError
-from atom_kernels import rotary_embedding
+from atom_kernels import mrope, rotary_embedding
 
 
 def _base_inv_freq(theta: float, dim: int) -> torch.Tensor:
@@ -115,3 +115,40 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, neox={self.is_neox}"
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """Multimodal rotary embedding (NeoX): positions ``[3, T]`` (time, height, width) or ``[T]`` (text),
+    each frequency reading the row ``mrope_section`` assigns it — chunked (Qwen2-VL, Qwen2.5-VL) or
+    ``mrope_interleaved`` (Qwen3-VL, Qwen3.5).  ``forward`` optionally fuses the per-head q/k RMSNorm that
+    precedes the rotation into the same kernel."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any]):
+        super().__init__(head_size, rotary_dim, max_position, rope, is_neox=True)
+        self.mrope_section = tuple(int(s) for s in rope["mrope_section"])
+        self.interleaved = bool(rope.get("mrope_interleaved", False))
+        if sum(self.mrope_section) * 2 != rotary_dim:
+            raise UnsupportedConfigError(
+                f"mrope_section {list(self.mrope_section)} does not sum to rotary_dim/2 = {rotary_dim // 2}"
+            )
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None,
+                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
+        """Rotate q and k in place; with ``q_norm``/``k_norm`` (:class:`~atom_core.layers.norm.RMSNorm` of
+        ``head_size``) normalise each head first, in the same pass."""
+        norm = {} if q_norm is None else dict(
+            q_weight=q_norm.weight, k_weight=k_norm.weight, eps=q_norm.eps, weight_offset=q_norm.weight_offset
+        )
+        return mrope(positions, q, k, self.cos_sin_cache, self.head_size, self.mrope_section, self.interleaved, **norm)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mrope_section={list(self.mrope_section)}, interleaved={self.interleaved}"
+
+
+def get_rope(head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any], *,
+             is_neox: bool = True) -> RotaryEmbedding:
+    """The rotary embedding a config asks for: :class:`MRotaryEmbedding` when its rope parameters carry an
+    ``mrope_section``, else :class:`RotaryEmbedding`."""
+    if rope.get("mrope_section"):
+        return MRotaryEmbedding(head_size, rotary_dim, max_position, rope)
+    return RotaryEmbedding(head_size, rotary_dim, max_position, rope, is_neox=is_neox)
