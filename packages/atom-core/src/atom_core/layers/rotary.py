@@ -7,7 +7,9 @@ folds it into cos/sin.
 
 from __future__ import annotations
 
+import json
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +98,22 @@ def cos_sin_cache(inv_freq: torch.Tensor, max_position: int, scaling: float = 1.
     return torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
 
 
+_CACHES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def shared_cos_sin_cache(rope: dict[str, Any], rotary_dim: int, max_position: int, device: torch.device) -> torch.Tensor:
+    """One cos/sin cache per (rope settings, rotary_dim, max_position, device), shared by every layer
+    that asks for it (a 262k-position cache is 128 MiB; one per layer would waste GiBs)."""
+    key = (json.dumps(rope, sort_keys=True, default=str), rotary_dim, max_position, str(device))
+    cache = _CACHES.get(key)
+    if cache is None:
+        with torch.device("cpu"):  # computed on the CPU as transformers does, then moved
+            inv_freq, scaling = inv_freq_and_scaling(rope, rotary_dim, max_position)
+            cache = cos_sin_cache(inv_freq, max_position, scaling).to(device)
+        _CACHES[key] = cache
+    return cache
+
+
 class RotaryEmbedding(nn.Module):
     """Rotates q and k in place by their positions (NeoX halves or GPT-J pairs; partial rotary)."""
 
@@ -104,11 +122,8 @@ class RotaryEmbedding(nn.Module):
         self.head_size = head_size
         self.rotary_dim = rotary_dim
         self.is_neox = is_neox
-        target = torch.get_default_device()
-        with torch.device("cpu"):  # computed on the CPU as transformers does, then moved
-            inv_freq, scaling = inv_freq_and_scaling(rope, rotary_dim, max_position)
-            cache = cos_sin_cache(inv_freq, max_position, scaling)
-        self.register_buffer("cos_sin_cache", cache.to(target), persistent=False)
+        cache = shared_cos_sin_cache(rope, rotary_dim, max_position, torch.get_default_device())
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None):
         return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox)
