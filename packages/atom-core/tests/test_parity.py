@@ -65,3 +65,11 @@ def test_kernel_backends_agree_through_the_model(tiny, monkeypatch):
     monkeypatch.setenv("ATOM_KERNEL_BACKEND", "triton")
     out = Runner(model_dir).prompt_logits([[1, 2, 3, 4, 5]])[0]
     assert (out - ref).abs().max().item() < 1e-4
+
+
+def test_layers_share_one_cos_sin_cache(tiny):
+    from atom_core.runtime.runner import Runner
+
+    runner = Runner(tiny("Qwen3ForCausalLM"))
+    caches = {id(layer.self_attn.rotary_emb.cos_sin_cache) for layer in runner.model.model.layers}
+    assert len(caches) == 1

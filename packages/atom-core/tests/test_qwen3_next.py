@@ -29,6 +29,7 @@ from conftest import hf_model
 from parity import BF16_LOGIT_ATOL, FP32_LOGIT_ATOL, PROMPTS, check_model, reference_logits
 
 from atom_core.runtime.host import NativeHost
+from atom_core.runtime.positions import PositionPlan
 from atom_core.runtime.runner import Runner
 from atom_kernels import OPS
 from atom_kernels.gdn import K_MAJOR, V_MAJOR
@@ -86,12 +87,13 @@ def _prefill_then_decode(runner: Runner, prompts: list[list[int]], steps: int) -
     out = []
     try:
         with torch.inference_mode():
-            logits = runner.model.compute_logits(runner._step(seqs, prompts)).float()
+            logits = runner.model.compute_logits(runner._step(seqs, prompts, [PositionPlan()] * len(prompts))).float()
             out.append(logits)
             last = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
             for _ in range(steps):
                 tokens = logits[last].argmax(-1).tolist()
-                logits = runner.model.compute_logits(runner._step(seqs, [[t] for t in tokens])).float()
+                hidden = runner._step(seqs, [[t] for t in tokens], [PositionPlan()] * len(prompts))
+                logits = runner.model.compute_logits(hidden).float()
                 out.append(logits)
                 last = torch.arange(len(prompts))
     finally:
@@ -132,8 +134,8 @@ def test_prefill_in_two_steps_continues_the_state(next_dir, next_hf):
     seqs = runner._new_sequences(1)
     try:
         with torch.inference_mode():
-            first = runner.model.compute_logits(runner._step(seqs, [prompt[:37]]))
-            second = runner.model.compute_logits(runner._step(seqs, [prompt[37:]]))
+            first = runner.model.compute_logits(runner._step(seqs, [prompt[:37]], [PositionPlan()]))
+            second = runner.model.compute_logits(runner._step(seqs, [prompt[37:]], [PositionPlan()]))
     finally:
         runner._release(seqs)
     want = reference_logits(next_hf, [prompt])[0]

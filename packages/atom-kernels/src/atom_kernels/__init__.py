@@ -8,6 +8,7 @@ from atom_kernels.ops.chunk_gated_delta_rule import chunk_gated_delta_rule
 from atom_kernels.ops.fused_moe import ExpertQuant, MoeKernelConfig, fused_moe
 from atom_kernels.ops.fused_recurrent_gated_delta_rule import fused_recurrent_gated_delta_rule
 from atom_kernels.ops.moe_align import moe_align_block_size
+from atom_kernels.ops.mrope import mrope
 from atom_kernels.ops.rms_norm import rms_norm
 from atom_kernels.ops.rms_norm_gated import rms_norm_gated
 from atom_kernels.ops.rotary_embedding import rotary_embedding
@@ -18,6 +19,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "OPS", "ExpertQuant", "MoeKernelConfig", "describe", "causal_conv1d", "causal_conv1d_update", "chunk_gated_delta_rule",
-    "fused_moe", "fused_recurrent_gated_delta_rule", "moe_align_block_size", "rms_norm", "rms_norm_gated",
+    "fused_moe", "fused_recurrent_gated_delta_rule", "moe_align_block_size", "mrope", "rms_norm", "rms_norm_gated",
     "rotary_embedding", "silu_and_mul", "topk_routing", "__version__",
 ]

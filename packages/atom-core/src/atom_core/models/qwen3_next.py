@@ -29,7 +29,7 @@ from atom_core.layers.gdn import GatedDeltaNet, GDNConfig
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.moe import SparseMoeBlock
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import RotaryEmbedding
+from atom_core.layers.rotary import get_rope
 from atom_core.loader.experts import with_experts
 from atom_core.models.base import CausalLM
 from atom_core.models.llama import DENSE_MAPPER, GatedMLP, _join
@@ -53,7 +53,7 @@ class GatedAttention(nn.Module):
                                         prefix=f"{prefix}.o_proj")
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, zero_centered=True)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, zero_centered=True)
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope)
+        self.rotary_emb = get_rope(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope)
         self.attn = host.attention(f"{prefix}.attn", layer_id, self.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
                                    cfg.head_dim**-0.5)
 
