@@ -15,6 +15,7 @@ from typing import Any
 from atom_core.errors import UnsupportedArchitectureError
 
 TEXT = "text-generation"
+HYBRID = "hybrid-linear-attention"  # per-sequence recurrent state (Gated DeltaNet) besides the KV cache
 MULTIMODAL = "multimodal"  # takes images (and videos) besides text
 MROPE = "mrope"  # positions are [3, T] (time, height, width), computed by the model from the prompt
 
@@ -72,6 +73,16 @@ _TINY_QWEN_VL_IMAGES = {
 # Tiny mixture-of-experts decoders: 8 experts of 96 intermediate features, top-2/4.
 _TINY_MOE = dict(_TINY_DENSE, tie_word_embeddings=False)
 
+# A tiny hybrid: Gated DeltaNet layers 0 and 2 (HV = 2H), gated full attention 1 and 3 (partial rotary);
+# sparse MoE with a shared expert except layer 2's dense MLP.
+_TINY_QWEN3_NEXT = dict(
+    _TINY_DENSE, tie_word_embeddings=False, num_hidden_layers=4,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_conv_kernel_dim=4, partial_rotary_factor=0.25, num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=96, shared_expert_intermediate_size=128, norm_topk_prob=True, mlp_only_layers=[2],
+)
+
 ARCHITECTURES: dict[str, ArchSpec] = {
     spec.name: spec
     for spec in [
@@ -116,6 +127,11 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             tiny=dict(_TINY_MOE, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=96,
                       n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
                       first_k_dense_replace=1, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5),
+        ),
+        ArchSpec(
+            "Qwen3NextForCausalLM", "atom_core.models.qwen3_next:Qwen3NextForCausalLM", "qwen3_next",
+            "transformers:Qwen3NextForCausalLM", "qwen3_next", capabilities=frozenset({TEXT, HYBRID}),
+            tiny=_TINY_QWEN3_NEXT,
         ),
         ArchSpec(
             "Qwen3VLForConditionalGeneration", "atom_core.models.qwen3_vl:Qwen3VLForConditionalGeneration", "qwen-vl",

@@ -58,6 +58,20 @@ class Runner:
         if cache is None or cache.num_blocks < blocks:
             self.host.allocate_kv_cache(blocks, self.block_size, self.dtype, self.device)
 
+    def _new_sequences(self, count: int) -> list[SequenceSlots]:
+        """Fresh sequences, each with a linear-attention state slot when the model has such layers."""
+        seqs = [SequenceSlots() for _ in range(count)]
+        pool = self.host.allocate_state_pool(count, self.device)
+        if pool is not None:
+            for seq in seqs:
+                seq.state_slot = pool.allocate()
+        return seqs
+
+    def _release(self, seqs: list[SequenceSlots]) -> None:
+        self.host.kv_cache.allocator.release([b for s in seqs for b in s.blocks])
+        if self.host.state_pool is not None:
+            self.host.state_pool.release([s.state_slot for s in seqs])
+
     def _position_plan(self, prompt: Prompt) -> PositionPlan:
         if self.position_rows == 1:
             return PositionPlan()
@@ -85,6 +99,7 @@ class Runner:
             seq_lens=[s.length for s in seqs],
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=self.device),
             slot_table=torch.tensor([s.slot_row(self.block_size, width) for s in seqs], dtype=torch.int64, device=self.device),
+            state_slots=[s.state_slot for s in seqs],
         )
         input_ids = torch.tensor([t for toks in new_tokens for t in toks], dtype=torch.int64, device=self.device)
         positions = torch.cat(
@@ -105,13 +120,13 @@ class Runner:
         prompts = [as_prompt(p) for p in prompts]
         images = [p.images for p in prompts if p.images is not None]
         self._ensure_cache(sum(len(p.token_ids) for p in prompts) + self.block_size * len(prompts))
-        seqs = [SequenceSlots() for _ in prompts]
+        seqs = self._new_sequences(len(prompts))
         try:
             hidden = self._step(seqs, [p.token_ids for p in prompts], [self._position_plan(p) for p in prompts], images)
             logits = self.model.compute_logits(hidden).float()
             return list(logits.split([len(p.token_ids) for p in prompts]))
         finally:
-            self.host.kv_cache.allocator.release([b for s in seqs for b in s.blocks])
+            self._release(seqs)
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int] | Prompt], params: SamplingParams | None = None
@@ -129,7 +144,7 @@ class Runner:
         self._ensure_cache(sum(len(p) + params.max_new_tokens for p in prompts) + self.block_size * len(prompts))
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         outputs = [GenerationOutput(list(p)) for p in prompts]
-        seqs = [SequenceSlots() for _ in prompts]
+        seqs = self._new_sequences(len(prompts))
         active = list(range(len(prompts)))
         pending = [list(p) for p in prompts]
         try:
@@ -153,7 +168,7 @@ class Runner:
                         still.append(i)
                 active = still
         finally:
-            self.host.kv_cache.allocator.release([b for s in seqs for b in s.blocks])
+            self._release(seqs)
         return outputs
 
 
