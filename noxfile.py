@@ -51,7 +51,7 @@ def pinned(*names: str, table: dict[str, str] = CORE) -> list[str]:
 def install_core_stack(session: nox.Session) -> None:
     """torch first (pip takes the local CPU build), then the rest of what the core is tested with."""
     session.install(*pinned("torch"))
-    session.install(*pinned("triton", "transformers", "safetensors", "tokenizers"), "tqdm")
+    session.install(*pinned("triton", "transformers", "safetensors", "tokenizers", "pillow"), "tqdm")
 
 
 @nox.session(tags=["ci"])

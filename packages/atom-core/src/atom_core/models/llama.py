@@ -22,7 +22,7 @@ from atom_core.layers.activation import SiluAndMul
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import RotaryEmbedding
+from atom_core.layers.rotary import get_rope
 from atom_core.loader import WeightMapper
 from atom_core.models.base import CausalLM
 
@@ -62,7 +62,7 @@ class Attention(nn.Module):
         )
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if options.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if options.qk_norm else None
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope)
+        self.rotary_emb = get_rope(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope)
         self.attn = host.attention(
             f"{prefix}.attn", layer_id, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
             cfg.head_dim**-0.5, sliding_window=cfg.sliding_windows[layer_id],
@@ -82,11 +82,13 @@ MLPBuilder = Callable[[int, str], nn.Module]
 
 
 class DecoderLayer(nn.Module):
+    attention_class: type[Attention] = Attention  # a family with its own attention subclasses the layer
+
     def __init__(self, cfg: DecoderConfig, options: AttentionOptions, layer_id: int, *, host: Host, prefix: str,
                  build_mlp: MLPBuilder | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, options, layer_id, host=host, prefix=f"{prefix}.self_attn")
+        self.self_attn = self.attention_class(cfg, options, layer_id, host=host, prefix=f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if build_mlp is not None:
             self.mlp = build_mlp(layer_id, f"{prefix}.mlp")
@@ -104,12 +106,14 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
+    layer_class: type[DecoderLayer] = DecoderLayer
+
     def __init__(self, cfg: DecoderConfig, options: AttentionOptions, *, host: Host, prefix: str,
                  build_mlp: MLPBuilder | None = None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, host=host)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, options, i, host=host, prefix=f"{prefix}.layers.{i}", build_mlp=build_mlp)
+            self.layer_class(cfg, options, i, host=host, prefix=f"{prefix}.layers.{i}", build_mlp=build_mlp)
             for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
