@@ -30,8 +30,10 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None) -> str | None:
-    if quant is not None:
-        return f"the Triton fused MoE has no {quant.format!r} expert-weight path yet"
+    if quant is not None:  # quantized experts: triton_quant's kernels
+        from atom_kernels.ops.fused_moe.triton_quant import unsupported_quant
+
+        return unsupported_quant(hidden, w13, w2, quant, config)
     if hidden.dtype not in DTYPES or w13.dtype != hidden.dtype or w2.dtype != hidden.dtype:
         return f"hidden {hidden.dtype}, w13 {w13.dtype}, w2 {w2.dtype}: expects one of {DTYPES} for all three"
     if w13.dim() != 3 or w2.dim() != 3 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
@@ -170,6 +172,10 @@ def _launch_grid(num_row_blocks: int, cols: int, block_n: int) -> tuple[int]:
 def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None,
               config: MoeKernelConfig | None = None):
     check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant)
+    if quant is not None:
+        from atom_kernels.ops.fused_moe.triton_quant import fused_moe_quant
+
+        return fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, expert_map=expert_map, quant=quant, config=config)
     tokens, size = hidden.shape
     top_k = topk_ids.shape[1]
     experts, two_inter, _ = w13.shape
