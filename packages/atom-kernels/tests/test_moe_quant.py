@@ -4,6 +4,7 @@ and MXFP4 (weight-only), Triton against the reference, and the reference against
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import INTERPRET
 from helpers import assert_close, assert_graph_capturable, randn
 
 from atom_kernels import ExpertQuant, dispatch, formats, fused_moe
@@ -98,6 +99,7 @@ def test_fp8_block_reference_quantizes_both_gemm_inputs(rng):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="imports kernels in interpreter mode: CPU-only check")
 def test_quantized_formats_dispatch_to_triton(rng, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv(dispatch.ENV_OVERRIDE, "triton")

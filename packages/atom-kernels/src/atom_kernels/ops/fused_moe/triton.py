@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.dispatch import triton_interpreting
-from atom_kernels.ops.fused_moe.configs import MoeKernelConfig, config_for
+from atom_kernels.ops.fused_moe.configs import MoeKernelConfig, config_for, fit_shared_memory
 from atom_kernels.ops.fused_moe.reference import check_args
 from atom_kernels.ops.moe_align.triton import moe_align_block_size
 
@@ -185,7 +185,7 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant
     out = (torch.zeros if has_map and top_k == 1 else torch.empty)(hidden.shape, dtype=hidden.dtype, device=hidden.device)
     if num_pairs == 0:
         return out
-    cfg = config or config_for(num_pairs, experts)
+    cfg = fit_shared_memory(config or config_for(num_pairs, experts), hidden.element_size())
     if hidden.stride(-1) != 1:
         hidden = hidden.contiguous()
     weights = topk_weights.reshape(-1)
