@@ -63,7 +63,10 @@ def test_quantized_fused_moe(device, rng, fmt, tokens, experts, top_k, hidden, i
         ref = fused_moe.call_backend("reference", x, q13, q2, weights, ids, quant=quant)
         xd, q13d, q2d, wd, idd = to(device, x, q13, q2, weights, ids)
         out = fused_moe.call_backend("triton", xd, q13d, q2d, wd, idd, quant=quant_to(device, quant), config=config)
-        tol = TOL[(fmt, dtype)] if device.type == "cpu" else min(TOL[(fmt, dtype)], 2e-2)
+        # on the GPU, FP8 MMAs accumulate with ~14 significant bits (see test_quant_ops.FP8_MMA_TOL)
+        tol = TOL[(fmt, dtype)]
+        if device.type == "cuda":
+            tol = max(min(tol, 2e-2), 1e-3 if fmt == "fp8-block" else 0.0)
         assert_close(out.cpu(), ref, tol=tol)
 
 
