@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,16 +34,12 @@ def served_architectures() -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, str]:
-    """One tiny random checkpoint per architecture atom-vllm serves, written by `atom make-tiny`."""
+    """One tiny random checkpoint per architecture atom-vllm serves, written by ``atom make-tiny``'s
+    function (in this process: one interpreter start instead of one per architecture)."""
+    from atom_core.tiny import make_tiny
+
     root = tmp_path_factory.mktemp("tiny")
-    atom = shutil.which("atom") or shutil.which("atom", path=str(Path(sys.executable).parent))
-    command = [atom] if atom else [sys.executable, "-m", "atom_core.cli"]
-    out = {}
-    for arch in served_architectures():
-        target = root / arch
-        subprocess.run([*command, "make-tiny", arch, str(target)], check=True, capture_output=True)
-        out[arch] = str(target)
-    return out
+    return {arch: str(make_tiny(arch, root / arch)) for arch in served_architectures()}
 
 
 @pytest.fixture(scope="session")
