@@ -165,7 +165,8 @@ def vllm(session: nox.Session, release: dict) -> None:
     try:
         session.install(*pinned("uv", table=TOOLS))
         session.install(f"torch=={release['torch']}")  # pip: the local CPU build of the pinned torch
-        torch_version = session.run("python", "-c", "import torch; print(torch.__version__)", silent=True, env=env).strip()
+        torch_version = session.run("python", "-c", "from importlib.metadata import version; print(version('torch'))",
+                                    silent=True, env=env).strip().splitlines()[-1]
         constraints = scratch / "constraints.txt"
         constraints.write_text(f"torch=={torch_version}\ntransformers=={release['transformers']}\n")
         lap("torch")

@@ -6,7 +6,6 @@ is a failure rather than a silent fallback to vLLM's own model."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -40,10 +39,9 @@ print(json.dumps({
 """
 
 
-def registry_state(env: dict[str, str] | None = None) -> dict:
+def registry_state() -> dict:
     archs = list(catalog.ARCHITECTURES)
-    proc = subprocess.run([sys.executable, "-c", REGISTRY_SCRIPT, *archs], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", REGISTRY_SCRIPT, *archs], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -60,54 +58,79 @@ def test_entry_point_declared():
 
 
 def test_load_general_plugins_registers_strings_cheaply():
+    """In a fresh process, as vLLM's own processes do: every served architecture registered as a string,
+    no model code imported, no CUDA touched."""
     state = registry_state()
     for arch in served_architectures():
         assert state["entries"][arch] == ["atom_vllm.models", arch], arch
-    # string registration: no model code imported, no CUDA touched, in any process that loads plugins
     assert state["imported"] == []
     assert state["cuda_initialized"] is False
 
 
-@pytest.mark.parametrize("env", [{"ATOM_DISABLE_VLLM_PLUGIN": "1"}, {"VLLM_PLUGINS": ""}, {"VLLM_PLUGINS": "someone_else"}],
-                         ids=["ATOM_DISABLE_VLLM_PLUGIN", "VLLM_PLUGINS-empty", "VLLM_PLUGINS-other"])
-def test_plugin_can_be_turned_off(env):
-    state = registry_state(env)
-    for arch in served_architectures():
-        module = state["entries"][arch][0]
-        assert module is not None and module.startswith("vllm."), f"{arch}: {module}"
+@pytest.fixture
+def plugin_loading(monkeypatch):
+    """vLLM's plugin loading, re-armed in this process (it runs once per process), with ATOM's state reset."""
+    import vllm.plugins
 
-
-def test_register_is_idempotent(monkeypatch):
     from atom_vllm import plugin
 
+    monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     monkeypatch.setattr(plugin, "_registered", None)
+    for name in ("ATOM_DISABLE_VLLM_PLUGIN", "VLLM_PLUGINS", "ATOM_VLLM_ALLOW_UNSUPPORTED"):
+        monkeypatch.delenv(name, raising=False)
+    return vllm.plugins
+
+
+@pytest.mark.parametrize("env", [{}, {"VLLM_PLUGINS": "atom"}, {"VLLM_PLUGINS": ""}, {"VLLM_PLUGINS": "someone_else"}],
+                         ids=["all", "VLLM_PLUGINS-atom", "VLLM_PLUGINS-empty", "VLLM_PLUGINS-other"])
+def test_vllm_plugin_filter(plugin_loading, monkeypatch, env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    found = plugin_loading.load_plugins_by_group(plugin_loading.DEFAULT_PLUGINS_GROUP)
+    wanted = env.get("VLLM_PLUGINS", "atom") == "atom"
+    assert ("atom" in found) is wanted
+    if wanted:
+        from atom_vllm.plugin import register
+
+        assert found["atom"] is register
+
+
+def test_atom_disable_switch(plugin_loading, monkeypatch):
+    from vllm import ModelRegistry
+
+    from atom_vllm import plugin
+
+    before = {arch: ModelRegistry.models.get(arch) for arch in served_architectures()}
+    monkeypatch.setenv("ATOM_DISABLE_VLLM_PLUGIN", "1")
+    plugin_loading.load_general_plugins()
+    assert plugin._registered is None
+    assert {arch: ModelRegistry.models.get(arch) for arch in served_architectures()} == before
+
+
+def test_register_is_idempotent(plugin_loading):
+    from atom_vllm import plugin
+
     first = plugin.register()
     second = plugin.register()
     assert first == second == {arch: f"atom_vllm.models:{arch}" for arch in served_architectures()}
 
 
-def test_unsupported_version_is_one_clear_error(monkeypatch):
+def test_unsupported_version_stops_vllm_startup(plugin_loading, monkeypatch):
+    """The plugin's error propagates out of vLLM's plugin loading (it is not merely logged), naming the
+    supported range; ATOM_VLLM_ALLOW_UNSUPPORTED=1 lets it through."""
+    import vllm
+
     from atom_vllm import compat, plugin
     from atom_vllm.tested import supported_range
 
-    monkeypatch.setattr(plugin, "_registered", None)
-    monkeypatch.setattr(compat, "vllm_version", lambda: "0.26.0")
-    monkeypatch.delenv(compat.ALLOW_UNSUPPORTED_ENV, raising=False)
+    monkeypatch.setattr(vllm, "__version__", "0.26.0")
     with pytest.raises(compat.UnsupportedVllmVersion) as err:
-        plugin.register()
+        plugin_loading.load_general_plugins()
     assert f"supports vLLM {supported_range()}" in str(err.value) and "this is vLLM 0.26.0" in str(err.value)
+    monkeypatch.setattr(plugin_loading, "plugins_loaded", False)
     monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "1")
-    assert set(plugin.register()) == set(served_architectures())
-
-
-def test_unsupported_version_stops_vllm_startup():
-    """The plugin's error propagates out of vLLM's plugin loading (it is not merely logged)."""
-    script = ("import vllm; vllm.__version__ = '0.26.0'\n"
-              "from vllm.plugins import load_general_plugins; load_general_plugins()")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items() if k != "ATOM_VLLM_ALLOW_UNSUPPORTED"})
-    assert proc.returncode != 0
-    assert "UnsupportedVllmVersion" in proc.stderr and "atom-vllm supports vLLM >=" in proc.stderr
+    plugin_loading.load_general_plugins()
+    assert set(plugin._registered) == set(served_architectures())
 
 
 def test_every_architecture_resolves_to_atom_with_its_flags(tiny_models, probe):
@@ -148,7 +171,7 @@ def test_broken_plugin_module_is_caught_by_the_guard(tiny_models, probe, tmp_pat
     end-to-end check applies to the resolved class catches exactly that."""
     shadow = _shadow(tmp_path, "atom_vllm", "plugin")
     arch = served_architectures()[0]
-    results = probe("resolve", [tiny_models[arch]], env={"PYTHONPATH": str(shadow)}, fresh_cache=True)
+    results = probe("resolve", [tiny_models[arch]], env={"PYTHONPATH": str(shadow)}, fresh_cache=True, inspect="no")
     assert results[0]["module"].startswith("vllm."), "the shadowed plugin was not used"
     with pytest.raises(AssertionError, match="resolved to vllm"):
         assert_served_by_atom(results)

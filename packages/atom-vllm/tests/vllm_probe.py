@@ -24,7 +24,7 @@ def _model_config(model_dir: str):
     return ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256)
 
 
-def resolve(dirs: list[str]) -> list[dict]:
+def resolve(dirs: list[str], inspect: bool = True) -> list[dict]:
     from dataclasses import asdict
 
     from vllm import ModelRegistry
@@ -36,9 +36,11 @@ def resolve(dirs: list[str]) -> list[dict]:
         config = _model_config(model_dir)
         archs = config.architectures
         cls, arch = ModelRegistry.resolve_model_cls(archs, config)
-        info, _ = ModelRegistry.inspect_model_cls(archs, config)
-        out.append({"dir": model_dir, "arch": arch, "module": cls.__module__, "qualname": cls.__qualname__,
-                    "flags": {k: v for k, v in asdict(info).items() if isinstance(v, bool)}})
+        flags = {}
+        if inspect:  # vLLM's inspection subprocess (or its cache under VLLM_CACHE_ROOT)
+            info, _ = ModelRegistry.inspect_model_cls(archs, config)
+            flags = {k: v for k, v in asdict(info).items() if isinstance(v, bool)}
+        out.append({"dir": model_dir, "arch": arch, "module": cls.__module__, "qualname": cls.__qualname__, "flags": flags})
     return out
 
 
@@ -152,9 +154,10 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--prompts", default="[[1, 2, 3, 4]]")
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--inspect", choices=["yes", "no"], default="yes")
     args = parser.parse_args()
     if args.command == "resolve":
-        result = resolve(args.dirs)
+        result = resolve(args.dirs, inspect=args.inspect == "yes")
     elif args.command == "construct":
         result = construct(args.dirs)
     else:
