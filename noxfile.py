@@ -122,3 +122,81 @@ def readme(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """On a CUDA machine: kernel and model tests on the GPU, then the kernel benchmarks (JSON under bench/results)."""
     session.run("bash", str(ROOT / "ci" / "gpu_check.sh"), *session.posargs, external=True)
+
+
+# ---- atom-vllm: one session per tested vLLM release ([[vllm]] in ci/pins.toml) -------------------------
+VLLM_RELEASES = PINS.get("vllm", [])
+VLLM_CHECKS = ("plugin", "construct", "generate")
+
+
+def _vllm_release_id(release: dict) -> str:
+    return f"{release['distribution']}-{release['version']}"
+
+
+@nox.session(tags=["ci", "vllm"])
+@nox.parametrize("release", [nox.param(r, id=_vllm_release_id(r)) for r in VLLM_RELEASES])
+def vllm(session: nox.Session, release: dict) -> None:
+    """atom-vllm against one pinned vLLM release, in a fresh venv (deleted afterwards, with its caches):
+    torch from the pins, the vLLM wheel without the deps listed in `skip_deps`, the rest of its
+    requirements through uv (constrained by the pins), then atom-vllm's tests for the checks the entry
+    lists. Prints the wall time of each phase and the venv's size."""
+    import time
+
+    rid = _vllm_release_id(release)
+    scratch = SCRATCH / "vllm" / rid
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    venv = Path(session.virtualenv.location)
+    python = str(venv / "bin" / "python")
+    env = scratch_env(f"vllm-{rid}") | {
+        "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
+        "UV_CACHE_DIR": str(SCRATCH / "cache" / "uv"),
+        "HOME": str(scratch / "home"),
+        "TMPDIR": str(scratch / "tmp"),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_TARGET_DEVICE": "cpu",  # official wheels (0.28+) then build models on the CPU platform
+        "PYTHONUNBUFFERED": "1",
+    }
+    (scratch / "tmp").mkdir()
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        timings[name] = round(time.perf_counter() - clock, 1)
+        clock = time.perf_counter()
+
+    def uv_install(*args: str) -> None:
+        session.run("uv", "pip", "install", "-q", "--python", python, *args, env=env)
+
+    try:
+        session.install(*pinned("uv", table=TOOLS))
+        session.install(f"torch=={release['torch']}")  # pip: the local CPU build of the pinned torch
+        torch_version = session.run("python", "-c", "from importlib.metadata import version; print(version('torch'))",
+                                    silent=True, env=env).strip().splitlines()[-1]
+        constraints = scratch / "constraints.txt"
+        constraints.write_text(f"torch=={torch_version}\ntransformers=={release['transformers']}\n")
+        lap("torch")
+        uv_install("--no-deps", f"{release['distribution']}=={release['version']}")
+        uv_install("packaging")
+        requirements = scratch / "requirements.txt"
+        session.run("python", str(ROOT / "ci" / "vllm_requirements.py"), release["distribution"],
+                    "--skip", ",".join(release.get("skip_deps", [])), "--out", str(requirements), env=env)
+        uv_install("-c", str(constraints), "-r", str(requirements), *pinned("pytest", table=TOOLS))
+        lap("vllm")
+        uv_install("--no-deps", *(str(ROOT / "packages" / p) for p in ("atom-kernels", "atom-core", "atom-vllm")))
+        session.run("python", "-c", "import vllm, torch, transformers; "
+                    "print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)",
+                    env=env)
+        lap("atom")
+        skipped = [c for c in VLLM_CHECKS if c not in release["checks"]]
+        marks = " and ".join(f"not {c}" for c in skipped) or "all"
+        args = session.posargs or ["--durations=10"]
+        session.run("pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "packages" / "atom-vllm" / "tests"),
+                    *(["-m", marks] if skipped else []), *args, env=env)
+        lap("tests")
+        size = session.run("du", "-sh", str(venv), silent=True, external=True).split()[0]
+        session.log(f"{rid}: wall time per phase (s) {timings}; venv {size}")
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -29,6 +29,18 @@ def read(wheel: Path, suffix: str) -> str | None:
     return None
 
 
+def check_atom_vllm(wheel: Path) -> None:
+    """atom-vllm: its plugin entry point, and the tested vLLM releases shipped exactly as ci/pins.toml lists them."""
+    import json
+
+    entry_points = read(wheel, "entry_points.txt") or ""
+    assert "[vllm.general_plugins]" in entry_points and "atom = atom_vllm.plugin:register" in entry_points, entry_points
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = json.loads(zf.read("atom_vllm/_tested.json"))["vllm"]
+    pinned = tomllib.loads((ROOT / "ci" / "pins.toml").read_text())["vllm"]
+    assert shipped == pinned, "atom_vllm/_tested.json differs from ci/pins.toml [[vllm]]"
+
+
 def main(paths: list[str]) -> int:
     seen = {}
     for path in map(Path, paths):
@@ -42,6 +54,8 @@ def main(paths: list[str]) -> int:
         assert atom_deps <= ALLOWED[name], f"{name} depends on {atom_deps - ALLOWED[name]}: arrows point down only"
         assert not names & FORBIDDEN_HARD_DEPS, f"{name} hard-depends on {names & FORBIDDEN_HARD_DEPS}"
         seen[name] = read(path, "entry_points.txt") or ""
+        if name == "atom-vllm":
+            check_atom_vllm(path)
         print(f"{name} {version}: requires {sorted(names)}")
     assert set(seen) == set(ALLOWED), f"wheels for {sorted(seen)}, expected {sorted(ALLOWED)}"
     assert "atom = atom_core.cli:main" in seen["atom-core"], "atom-core must declare the `atom` command"

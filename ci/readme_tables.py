@@ -1,24 +1,41 @@
-"""Regenerate the README's generated tables (model table from the atom-core catalog, compatibility
-tables from ci/pins.toml), or with ``--check`` fail when the README is out of date.
+"""Generate the README's tables — the model table from the atom-core catalog, the version tables from
+ci/pins.toml (the one source of tested versions) — or check that they are current.
 
-Each table sits between ``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``.
+    python ci/readme_tables.py          rewrite the generated sections of README.md
+    python ci/readme_tables.py --check  exit 1 (with a diff) when README.md is out of date
+
+Each table lives between ``<!-- BEGIN generated:NAME -->`` and ``<!-- END generated:NAME -->``; add a
+generator to TABLES for a new one.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 sys.path.insert(0, str(ROOT / "packages" / "atom-core" / "src"))
 
 from atom_core import catalog  # noqa: E402  (imports no torch)
 
+VLLM_CHECKS = {
+    "plugin": "entry point, registry, capability flags, broken-plugin guard",
+    "construct": "forced-CPU construction + `load_weights` of every architecture",
+    "generate": "`LLM.generate` on CPU: same greedy tokens as vLLM's own model and transformers",
+}
 
-def models_table() -> str:
+
+def release_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version))
+
+
+def models_table(pins: dict) -> str:
     lines = [
         "| architecture | family | capabilities | quantization formats | reference (transformers) |",
         "|---|---|---|---|---|",
@@ -31,36 +48,57 @@ def models_table() -> str:
     return "\n".join(lines)
 
 
-def core_pins_table() -> str:
-    pins = tomllib.loads((ROOT / "ci" / "pins.toml").read_text())["core"]
+def core_pins_table(pins: dict) -> str:
     lines = ["| package | tested version |", "|---|---|"]
-    lines += [f"| {name} | {version} |" for name, version in pins.items()]
+    lines += [f"| {name} | {version} |" for name, version in pins["core"].items()]
     return "\n".join(lines)
 
 
-TABLES = {"models": models_table, "core-pins": core_pins_table}
+def vllm_table(pins: dict) -> str:
+    entries = sorted(pins.get("vllm", []), key=lambda e: (e["distribution"], release_key(e["version"])), reverse=True)
+    if not entries:
+        return "_No vLLM releases pinned._"
+    versions = sorted((e["version"] for e in entries), key=release_key)
+    newest = release_key(versions[-1])
+    lines = [
+        f"atom-vllm supports vLLM `>={versions[0]},<{newest[0]}.{newest[1] + 1}` (checked when the plugin loads). "
+        "Tested on this CPU-only CI:",
+        "",
+        "| distribution | version | torch | transformers | checked |",
+        "|---|---|---|---|---|",
+    ]
+    for e in entries:
+        checks = "; ".join(VLLM_CHECKS[c] for c in e.get("checks", []))
+        torch = e["torch"] + (f" ({e['torch_note']})" if e.get("torch_note") else "")
+        lines.append(f"| `{e['distribution']}` | {e['version']} | {torch} | {e['transformers']} | {checks} |")
+    return "\n".join(lines)
 
 
-def render(readme: str) -> str:
+TABLES: dict[str, Callable[[dict], str]] = {"models": models_table, "core-pins": core_pins_table, "vllm": vllm_table}
+
+
+def render(text: str, pins: dict) -> str:
     for name, make in TABLES.items():
-        pattern = re.compile(rf"(<!-- BEGIN GENERATED: {name} -->\n)(?:.*?\n)?(<!-- END GENERATED: {name} -->)", re.S)
-        if not pattern.search(readme):
-            raise SystemExit(f"README.md has no generated section {name!r}")
-        table = make()
-        readme = pattern.sub(lambda m, t=table: m.group(1) + t + "\n" + m.group(2), readme)
-    return readme
+        pattern = re.compile(rf"(<!-- BEGIN generated:{name} -->).*?(<!-- END generated:{name} -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"README.md has no generated:{name} section")
+        table = make(pins)
+        text = pattern.sub(lambda m, table=table: f"{m.group(1)}\n{table}\n{m.group(2)}", text)
+    return text
 
 
 def main(argv: list[str]) -> int:
-    path = ROOT / "README.md"
-    current = path.read_text()
-    wanted = render(current)
+    pins = tomllib.loads((ROOT / "ci" / "pins.toml").read_text())
+    current = README.read_text()
+    wanted = render(current, pins)
     if "--check" in argv:
-        if wanted != current:
-            print("README.md tables are out of date: run `python ci/readme_tables.py`", file=sys.stderr)
+        if current != wanted:
+            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), wanted.splitlines(True), "README.md", "generated"))
+            print("README.md is out of date: run `python ci/readme_tables.py`", file=sys.stderr)
             return 1
+        print("README.md tables are current")
         return 0
-    path.write_text(wanted)
+    README.write_text(wanted)
     return 0
 
 

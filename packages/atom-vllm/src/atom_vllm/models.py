@@ -1,0 +1,82 @@
+"""vLLM model classes for every catalog architecture, generated from the catalog.
+
+``atom_vllm.models.<Arch>`` is built on first access (vLLM imports ``"atom_vllm.models:<Arch>"`` lazily,
+in its inspection subprocess and in each worker): a subclass of atom-core's model for that architecture
+that speaks vLLM's model interface and is built against a :class:`~atom_vllm.host.VllmHost`.  Parameter
+names are atom-core's own, so vLLM's weight iterator feeds atom-core's loader (with its coverage check)
+unchanged.  Capabilities add vLLM interfaces (:mod:`atom_vllm.capabilities`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+
+from atom_core import catalog
+from atom_core.errors import UnsupportedConfigError
+from atom_core.quant import parse_quant_config
+from atom_vllm.capabilities import missing, plan, vllm_bases
+from atom_vllm.host import VllmHost
+
+
+class VllmModelAdapter:
+    """vLLM's text-generation model interface over an atom-core ``CausalLM`` (the next class in the MRO)."""
+
+    atom_spec: ClassVar[catalog.ArchSpec]
+    packed_modules_mapping: ClassVar[dict[str, list[str]]]
+
+    def __init__(self, *, vllm_config: Any, prefix: str = ""):
+        hf_config = vllm_config.model_config.hf_config
+        host = VllmHost(vllm_config, quant=parse_quant_config(hf_config))
+        super().__init__(hf_config, host, prefix)
+        self.host = [host]  # a list keeps the host out of the module tree
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().embed_input_ids(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors: Any = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        if intermediate_tensors is not None:
+            raise UnsupportedConfigError(f"{type(self).__name__}: ATOM's models do not support pipeline parallelism yet")
+        return super().forward(input_ids, positions, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor, sampling_metadata: Any = None) -> torch.Tensor:
+        # vLLM <= 0.10.2 passed sampling_metadata; 0.11+ does not.  Every TP rank gets the full vocabulary.
+        return super().compute_logits(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Consume vLLM's weight iterator with atom-core's loader: a checkpoint tensor the model does not use,
+        or a parameter no tensor wrote, is an error naming them (vLLM then checks the returned set too)."""
+        return super().load_weights(weights, strict=True)
+
+
+def build_class(spec: catalog.ArchSpec) -> type:
+    reasons = missing(spec)
+    if reasons:
+        raise UnsupportedConfigError(f"atom-vllm cannot serve {spec.name} yet: {'; '.join(reasons)}")
+    atom_cls = spec.model_class()
+    namespace = {
+        "__module__": __name__,
+        "__qualname__": spec.name,
+        "__doc__": f"ATOM's {spec.name} ({spec.model}) inside vLLM.",
+        "atom_spec": spec,
+        "packed_modules_mapping": dict(atom_cls.weight_mapper.packed_modules_mapping),
+    }
+    return type(spec.name, (VllmModelAdapter, *vllm_bases(spec), atom_cls), namespace)
+
+
+_classes: dict[str, type] = {}
+
+
+def __getattr__(name: str) -> type:
+    if name in catalog.ARCHITECTURES:
+        if name not in _classes:
+            _classes[name] = build_class(catalog.ARCHITECTURES[name])
+        return _classes[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *plan()[0]])

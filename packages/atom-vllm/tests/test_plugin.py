@@ -1,0 +1,177 @@
+"""vLLM's plugin and registry contract, checked in fresh subprocesses against the installed vLLM:
+entry point discovery, registration of every served catalog architecture (string form, cheap, no CUDA),
+the off switches, resolution to ATOM's classes with the right capability flags, and that a broken install
+is a failure rather than a silent fallback to vLLM's own model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+from conftest import served_architectures
+
+from atom_core import catalog
+from atom_vllm.capabilities import expected_flags
+
+pytestmark = pytest.mark.plugin
+
+REGISTRY_SCRIPT = """
+import json, sys
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm import ModelRegistry
+import torch
+entries = {}
+for arch in sys.argv[1:]:
+    entry = ModelRegistry.models.get(arch)
+    entries[arch] = [getattr(entry, "module_name", None), getattr(entry, "class_name", None)]
+print(json.dumps({
+    "entries": entries,
+    "imported": sorted(m for m in ("atom_vllm.models", "atom_core.models", "atom_core.models.llama", "atom_kernels")
+                       if m in sys.modules),
+    "cuda_initialized": torch.cuda.is_initialized(),
+}))
+"""
+
+
+def registry_state() -> dict:
+    archs = list(catalog.ARCHITECTURES)
+    proc = subprocess.run([sys.executable, "-c", REGISTRY_SCRIPT, *archs], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_served_by_atom(results: list[dict]) -> None:
+    """The guard every end-to-end check uses: the class vLLM resolved is ATOM's, not vLLM's own."""
+    for r in results:
+        assert r["module"] == "atom_vllm.models", f"{r.get('arch', r['dir'])} resolved to {r['module']}.{r['qualname']}"
+
+
+def test_entry_point_declared():
+    found = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "atom"]
+    assert [ep.value for ep in found] == ["atom_vllm.plugin:register"]
+
+
+def test_load_general_plugins_registers_strings_cheaply():
+    """In a fresh process, as vLLM's own processes do: every served architecture registered as a string,
+    no model code imported, no CUDA touched."""
+    state = registry_state()
+    for arch in served_architectures():
+        assert state["entries"][arch] == ["atom_vllm.models", arch], arch
+    assert state["imported"] == []
+    assert state["cuda_initialized"] is False
+
+
+@pytest.fixture
+def plugin_loading(monkeypatch):
+    """vLLM's plugin loading, re-armed in this process (it runs once per process), with ATOM's state reset."""
+    import vllm.plugins
+
+    from atom_vllm import plugin
+
+    monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
+    monkeypatch.setattr(plugin, "_registered", None)
+    for name in ("ATOM_DISABLE_VLLM_PLUGIN", "VLLM_PLUGINS", "ATOM_VLLM_ALLOW_UNSUPPORTED"):
+        monkeypatch.delenv(name, raising=False)
+    return vllm.plugins
+
+
+@pytest.mark.parametrize("env", [{}, {"VLLM_PLUGINS": "atom"}, {"VLLM_PLUGINS": ""}, {"VLLM_PLUGINS": "someone_else"}],
+                         ids=["all", "VLLM_PLUGINS-atom", "VLLM_PLUGINS-empty", "VLLM_PLUGINS-other"])
+def test_vllm_plugin_filter(plugin_loading, monkeypatch, env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    found = plugin_loading.load_plugins_by_group(plugin_loading.DEFAULT_PLUGINS_GROUP)
+    wanted = env.get("VLLM_PLUGINS", "atom") == "atom"
+    assert ("atom" in found) is wanted
+    if wanted:
+        from atom_vllm.plugin import register
+
+        assert found["atom"] is register
+
+
+def test_atom_disable_switch(plugin_loading, monkeypatch):
+    from vllm import ModelRegistry
+
+    from atom_vllm import plugin
+
+    before = {arch: ModelRegistry.models.get(arch) for arch in served_architectures()}
+    monkeypatch.setenv("ATOM_DISABLE_VLLM_PLUGIN", "1")
+    plugin_loading.load_general_plugins()
+    assert plugin._registered is None
+    assert {arch: ModelRegistry.models.get(arch) for arch in served_architectures()} == before
+
+
+def test_register_is_idempotent(plugin_loading):
+    from atom_vllm import plugin
+
+    first = plugin.register()
+    second = plugin.register()
+    assert first == second == {arch: f"atom_vllm.models:{arch}" for arch in served_architectures()}
+
+
+def test_unsupported_version_stops_vllm_startup(plugin_loading, monkeypatch):
+    """The plugin's error propagates out of vLLM's plugin loading (it is not merely logged), naming the
+    supported range; ATOM_VLLM_ALLOW_UNSUPPORTED=1 lets it through."""
+    import vllm
+
+    from atom_vllm import compat, plugin
+    from atom_vllm.tested import supported_range
+
+    monkeypatch.setattr(vllm, "__version__", "0.26.0")
+    with pytest.raises(compat.UnsupportedVllmVersion) as err:
+        plugin_loading.load_general_plugins()
+    assert f"supports vLLM {supported_range()}" in str(err.value) and "this is vLLM 0.26.0" in str(err.value)
+    monkeypatch.setattr(plugin_loading, "plugins_loaded", False)
+    monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "1")
+    plugin_loading.load_general_plugins()
+    assert set(plugin._registered) == set(served_architectures())
+
+
+def test_every_architecture_resolves_to_atom_with_its_flags(tiny_models, probe):
+    results = probe("resolve", list(tiny_models.values()))
+    assert_served_by_atom(results)
+    for r in results:
+        spec = catalog.get(r["arch"])
+        assert r["qualname"] == spec.name
+        for flag, value in expected_flags(spec).items():
+            assert r["flags"][flag] is value, f"{spec.name}: {flag} = {r['flags'][flag]}, expected {value}"
+        # what no catalog model is (yet): these must not be claimed by accident
+        for flag in ("is_pooling_model", "supports_pp", "is_attention_free", "has_inner_state", "supports_transcription"):
+            assert r["flags"][flag] is False, f"{spec.name}: {flag}"
+
+
+def _shadow(tmp_path: Path, package: str, broken_module: str) -> Path:
+    """A copy of an installed package whose ``broken_module`` raises ImportError, ahead on PYTHONPATH."""
+    source = Path(__import__(package).__file__).parent
+    root = tmp_path / "shadow"
+    shutil.copytree(source, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / package / (broken_module.replace(".", "/") + ".py")
+    target.write_text("raise ImportError('simulated broken install (atom-vllm test)')\n")
+    return root
+
+
+def test_broken_model_code_fails_loudly(tiny_models, probe, tmp_path):
+    """atom-core's model module does not import: vLLM must refuse the architecture, not fall back."""
+    shadow = _shadow(tmp_path, "atom_core", "models/llama")
+    arch = served_architectures()[0]
+    proc = probe("resolve", [tiny_models[arch]], env={"PYTHONPATH": str(shadow)}, check=False,
+                 fresh_cache=True)
+    assert proc.returncode != 0, "a broken ATOM model module was silently replaced"
+    assert "failed to be inspected" in proc.stderr or "simulated broken install" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_broken_plugin_module_is_caught_by_the_guard(tiny_models, probe, tmp_path):
+    """vLLM only logs a plugin module that fails to import and serves its own model: the guard every
+    end-to-end check applies to the resolved class catches exactly that."""
+    shadow = _shadow(tmp_path, "atom_vllm", "plugin")
+    arch = served_architectures()[0]
+    results = probe("resolve", [tiny_models[arch]], env={"PYTHONPATH": str(shadow)}, fresh_cache=True, inspect="no")
+    assert results[0]["module"].startswith("vllm."), "the shadowed plugin was not used"
+    with pytest.raises(AssertionError, match="resolved to vllm"):
+        assert_served_by_atom(results)
