@@ -115,3 +115,92 @@ def demo(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """On a CUDA machine: kernel and model tests on the GPU, then the kernel benchmarks (JSON under bench/results)."""
     session.run("bash", str(ROOT / "ci" / "gpu_check.sh"), *session.posargs, external=True)
+
+
+# ------------------------------------------------------------------------------------ atom-sglang × SGLang
+# One session per SGLang release marked `ci = true` in ci/pins.toml [sglang] (`nox -t sglang`), run one
+# at a time, each in a fresh venv deleted at the end (a CUDA torch stack is ~5.5 GB).  A *light install*:
+# torch + torchvision as the wheel pins them (CUDA builds; they import on a CPU machine), the SGLang
+# wheel with --no-deps, then only the pure-Python packages SGLang imports on the tested paths, all
+# constrained by the wheel's own `==` pins (an unpinned dependency would otherwise move torch).
+SGLANG = PINS.get("sglang", {})
+SGLANG_CI = [version for version, pins in SGLANG.get("versions", {}).items() if pins.get("ci")]
+SGLANG_IMPORTS = [
+    "numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette", "msgspec", "pydantic",
+    "pyzmq", "tqdm", "IPython", "aiohttp", "transformers", "apache-tvm-ffi", "einops", "dill", "sentencepiece",
+    "compressed-tensors", "gguf", "openai", "partial_json_parser", "uvicorn", "fastapi", "setproctitle",
+    "safetensors", "tokenizers", "triton",
+]
+
+
+def wheel_pins(wheel: Path) -> dict[str, str]:
+    """``name -> version`` of every ``==`` requirement of a wheel that applies here (markers evaluated)."""
+    import zipfile
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    with zipfile.ZipFile(wheel) as zf:
+        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = zf.read(meta).decode().splitlines()
+    pins = {}
+    for line in lines:
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        exact = [spec.version for spec in req.specifier if spec.operator == "=="]
+        if exact:
+            pins[canonicalize_name(req.name)] = exact[0]
+    return pins
+
+
+def dir_size_gb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 1e9
+
+
+@nox.session(tags=["ci", "sglang"])
+@nox.parametrize("version", SGLANG_CI, ids=SGLANG_CI)
+def sglang(session: nox.Session, version: str) -> None:
+    """atom-sglang inside SGLang `version` on the CPU: registry resolution, strict import, signatures,
+    construction + load_weights through SGLang's own loader (packages/atom-sglang/tests)."""
+    import time
+
+    expected = SGLANG["versions"][version]
+    work = Path(tempfile.mkdtemp(prefix=f"sglang-{version}-", dir=SCRATCH))
+    env = scratch_env(f"sglang-{version}") | {
+        "HOME": str(work / "home"), "SGLANG_CACHE_DIR": str(work / "sglang-cache"), "ATOM_SGLANG_REQUIRED": "1",
+    }
+    # The CPU torch on local disk shadows the CUDA build of the same version, and PyPI's torchvision only
+    # loads beside the CUDA build: install the stack the wheel pins, as a user's pip would.
+    no_local_cpu_torch = {"PIP_FIND_LINKS": ""}
+    venv = Path(session.virtualenv.location)
+    started = time.monotonic()
+    try:
+        wheels = SCRATCH / "wheels" / f"sglang-{version}"
+        session.run("pip", "download", "-q", "--no-deps", f"sglang=={version}", "-d", str(wheels), env=env)
+        (wheel,) = wheels.glob(f"sglang-{version}-*.whl")
+        pins = wheel_pins(wheel)
+        for name in ("torch", "transformers"):
+            if pins.get(name) != expected[name]:
+                session.error(f"ci/pins.toml says sglang {version} pins {name} {expected[name]}, its wheel says {pins.get(name)}")
+        constraints = work / "constraints.txt"
+        constraints.write_text("".join(f"{name}=={v}\n" for name, v in sorted(pins.items())))
+        session.install("-c", str(constraints), f"torch=={pins['torch']}", "torchvision", env=env | no_local_cpu_torch)
+        session.install("--no-deps", str(wheel), env=env)
+        session.install("-c", str(constraints), *SGLANG_IMPORTS, *pinned("pytest", table=TOOLS), env=env | no_local_cpu_torch)
+        session.install("--no-deps", "-e", "packages/atom-kernels", "-e", "packages/atom-core", "-e", "packages/atom-sglang",
+                        env=env)
+        session.log(f"sglang {version}: installed in {time.monotonic() - started:.0f} s, venv {dir_size_gb(venv):.1f} GB")
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "packages/atom-sglang/tests", *session.posargs, env=env)
+    finally:
+        session.log(f"sglang {version}: {time.monotonic() - started:.0f} s in all; deleting {venv} and {work}")
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(venv, ignore_errors=True)
+
+
+@nox.session(python=False, tags=["ci"])
+def pins(session: nox.Session) -> None:
+    """The files generated from ci/pins.toml (README compatibility tables, atom_sglang/_pins.py) are current."""
+    session.run("python3", str(ROOT / "ci" / "compat_tables.py"), "--check", external=True)
