@@ -125,11 +125,12 @@ def gpu(session: nox.Session) -> None:
 # constrained by the wheel's own `==` pins (an unpinned dependency would otherwise move torch).
 SGLANG = PINS.get("sglang", {})
 SGLANG_CI = [version for version, pins in SGLANG.get("versions", {}).items() if pins.get("ci")]
+# What `import sglang` and the tested paths (registry, model config, model loader, torch-native attention,
+# logits, plugins) import, found by listing sys.modules after those imports.
 SGLANG_IMPORTS = [
     "numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette", "msgspec", "pydantic",
-    "pyzmq", "tqdm", "IPython", "aiohttp", "transformers", "apache-tvm-ffi", "einops", "dill", "sentencepiece",
-    "compressed-tensors", "gguf", "openai", "partial_json_parser", "uvicorn", "fastapi", "setproctitle",
-    "safetensors", "tokenizers", "triton",
+    "pyzmq", "tqdm", "IPython", "aiohttp", "transformers", "apache-tvm-ffi", "dill", "sentencepiece",
+    "compressed-tensors", "gguf", "safetensors", "tokenizers", "triton",
 ]
 
 
@@ -160,11 +161,7 @@ def dir_size_gb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 1e9
 
 
-@nox.session(tags=["ci", "sglang"])
-@nox.parametrize("version", SGLANG_CI, ids=SGLANG_CI)
-def sglang(session: nox.Session, version: str) -> None:
-    """atom-sglang inside SGLang `version` on the CPU: registry resolution, strict import, signatures,
-    construction + load_weights through SGLang's own loader (packages/atom-sglang/tests)."""
+def sglang_session(session: nox.Session, version: str) -> None:
     import time
 
     expected = SGLANG["versions"][version]
@@ -174,7 +171,8 @@ def sglang(session: nox.Session, version: str) -> None:
     }
     # The CPU torch on local disk shadows the CUDA build of the same version, and PyPI's torchvision only
     # loads beside the CUDA build: install the stack the wheel pins, as a user's pip would.
-    no_local_cpu_torch = {"PIP_FIND_LINKS": ""}
+    no_local_cpu_torch = {"PIP_FIND_LINKS": str(SCRATCH / "no-local-wheels")}
+    (SCRATCH / "no-local-wheels").mkdir(parents=True, exist_ok=True)
     venv = Path(session.virtualenv.location)
     started = time.monotonic()
     try:
@@ -189,15 +187,30 @@ def sglang(session: nox.Session, version: str) -> None:
         constraints.write_text("".join(f"{name}=={v}\n" for name, v in sorted(pins.items())))
         session.install("-c", str(constraints), f"torch=={pins['torch']}", "torchvision", env=env | no_local_cpu_torch)
         session.install("--no-deps", str(wheel), env=env)
-        session.install("-c", str(constraints), *SGLANG_IMPORTS, *pinned("pytest", table=TOOLS), env=env | no_local_cpu_torch)
-        session.install("--no-deps", "-e", "packages/atom-kernels", "-e", "packages/atom-core", "-e", "packages/atom-sglang",
-                        env=env)
+        session.install("-c", str(constraints), *SGLANG_IMPORTS, "hatchling", *pinned("pytest", table=TOOLS),
+                        env=env | no_local_cpu_torch)
+        # atom-sglang installed (not put on PYTHONPATH) so SGLang finds its sglang.srt.plugins entry point.
+        session.install("--no-deps", "--no-build-isolation", "-e", "packages/atom-kernels", "-e", "packages/atom-core",
+                        "-e", "packages/atom-sglang", env=env)
         session.log(f"sglang {version}: installed in {time.monotonic() - started:.0f} s, venv {dir_size_gb(venv):.1f} GB")
         session.run("pytest", "-q", "-p", "no:cacheprovider", "packages/atom-sglang/tests", *session.posargs, env=env)
     finally:
         session.log(f"sglang {version}: {time.monotonic() - started:.0f} s in all; deleting {venv} and {work}")
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(venv, ignore_errors=True)
+
+
+def _define_sglang_session(version: str) -> None:
+    def session_fn(session: nox.Session) -> None:
+        sglang_session(session, version)
+
+    session_fn.__doc__ = (f"atom-sglang inside SGLang {version} on the CPU (light install): registry, strict import, "
+                          "signatures, construction + load_weights, forward through SGLang's torch-native attention")
+    nox.session(name=f"sglang-{version}", tags=["ci", "sglang"])(session_fn)
+
+
+for _version in SGLANG_CI:
+    _define_sglang_session(_version)
 
 
 @nox.session(python=False, tags=["ci"])
