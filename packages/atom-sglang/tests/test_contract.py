@@ -80,3 +80,23 @@ def test_plugin_refuses_an_unsupported_version_with_an_error_line(monkeypatch, c
 def eps_name() -> str:
     (ep,) = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins") if ep.value.startswith("atom_sglang")]
     return ep.name
+
+
+def test_hybrid_extension_point_declares_an_architecture_to_sglang():
+    """compat.register_linear_attn_model is how the plugin will declare hybrid architectures whose config
+    SGLang does not recognise; SGLang must then find the spec by architecture and by config class."""
+    from sglang.srt.configs import linear_attn_model_registry as registry
+
+    class TinyHybridConfig:
+        architectures = ["AtomTestHybridForCausalLM"]
+
+    backend = "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend"
+    before = list(registry._LINEAR_ATTN_MODEL_REGISTRY)
+    try:
+        compat.register_linear_attn_model(TinyHybridConfig, backend, ["AtomTestHybridForCausalLM"])
+        spec = registry.get_linear_attn_spec(TinyHybridConfig())
+        assert spec is not None and spec.backend_class_name == backend
+        assert registry.get_linear_attn_spec_by_arch("AtomTestHybridForCausalLM") is spec
+        assert registry.get_linear_attn_spec_by_arch("LlamaForCausalLM") is None
+    finally:
+        registry._LINEAR_ATTN_MODEL_REGISTRY[:] = before
