@@ -13,8 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from _sglang_env import load_with_sglang
+from torch import nn
 
 from atom_core import catalog
+from atom_core.loader import WeightMapper
+from atom_core.models.base import CausalLM
 
 pytestmark = pytest.mark.sglang
 
@@ -108,3 +111,56 @@ def test_prefill_and_decode_match_transformers(arch, cpu_runtime, tiny_checkpoin
             logits = batch.step(model, [[t] for t in next_tokens])
     assert generated == ref_tokens
     assert model.atom_host.forward_batch is None, "the ForwardBatch must not outlive the forward"
+
+
+class RecordingLM(CausalLM):
+    """A stand-in ATOM model recording what the wrapper hands it."""
+
+    weight_mapper = WeightMapper()
+
+    def __init__(self, hf_config, host, prefix=""):
+        super().__init__()
+        self.config = hf_config
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(hf_config.vocab_size, hf_config.hidden_size)
+        self.lm_head = nn.Linear(hf_config.hidden_size, hf_config.vocab_size, bias=False)
+        self.seen: list = []
+
+    def forward(self, input_ids, positions, inputs_embeds=None):
+        self.seen.append((positions, self.atom_host.forward_batch, inputs_embeds))
+        return torch.zeros(positions.shape[-1], self.config.hidden_size)
+
+
+class PassThroughLogits(nn.Module):
+    def forward(self, input_ids, hidden, lm_head, batch):
+        return hidden, lm_head
+
+
+@pytest.mark.parametrize("mrope", [True, False])
+def test_wrapper_hands_over_positions_and_publishes_the_batch(mrope, cpu_runtime):
+    from transformers import Qwen2Config
+
+    from atom_sglang.wrapper import wrapper_class
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, **({"mrope_section": [2, 1, 1]} if mrope else {})}
+    config = Qwen2Config(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, rope_parameters=rope)
+    spec = catalog.ArchSpec("RecordingForCausalLM", f"{__name__}:RecordingLM", "test", "transformers:Qwen2ForCausalLM", "qwen2")
+    model = wrapper_class(spec, __name__)(config=config)
+    assert model.uses_mrope is mrope
+    model.logits_processor = PassThroughLogits()
+
+    ids, positions = torch.tensor([3, 4, 5]), torch.tensor([0, 1, 2])
+    batch = SimpleNamespace(mrope_positions=torch.arange(9).view(3, 3))
+    embeds = torch.ones(3, 8, dtype=torch.bfloat16)  # SGLang hands over bf16
+    hidden, head = model.forward(ids, positions, batch, input_embeds=embeds)
+    (seen_positions, seen_batch, seen_embeds), = model.seen
+    assert torch.equal(seen_positions, batch.mrope_positions if mrope else positions)
+    assert seen_batch is batch and model.atom_host.forward_batch is None
+    assert seen_embeds.dtype == model.model.embed_tokens.weight.dtype
+    assert head is model.lm_head and hidden.shape == (3, 8)
+
+    text_only = SimpleNamespace(mrope_positions=None)  # SGLang serving the checkpoint text-only
+    model.forward(ids, positions, text_only)
+    assert torch.equal(model.seen[-1][0], positions)
+    with pytest.raises(ValueError, match="pipeline parallelism"):
+        model.forward(ids, positions, batch, pp_proxy_tensors=object())
