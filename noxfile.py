@@ -174,7 +174,14 @@ def sglang_session(session: nox.Session, version: str) -> None:
     no_local_cpu_torch = {"PIP_FIND_LINKS": str(SCRATCH / "no-local-wheels")}
     (SCRATCH / "no-local-wheels").mkdir(parents=True, exist_ok=True)
     venv = Path(session.virtualenv.location)
-    started = time.monotonic()
+    started = last = time.monotonic()
+
+    def timed(step: str) -> None:
+        nonlocal last
+        now = time.monotonic()
+        session.log(f"sglang {version}: {step} took {now - last:.0f} s (venv {dir_size_gb(venv):.1f} GB)")
+        last = now
+
     try:
         wheels = SCRATCH / "wheels" / f"sglang-{version}"
         session.run("pip", "download", "-q", "--no-deps", f"sglang=={version}", "-d", str(wheels), env=env)
@@ -185,15 +192,19 @@ def sglang_session(session: nox.Session, version: str) -> None:
                 session.error(f"ci/pins.toml says sglang {version} pins {name} {expected[name]}, its wheel says {pins.get(name)}")
         constraints = work / "constraints.txt"
         constraints.write_text("".join(f"{name}=={v}\n" for name, v in sorted(pins.items())))
+        timed("wheel download")
         session.install("-c", str(constraints), f"torch=={pins['torch']}", "torchvision", env=env | no_local_cpu_torch)
+        timed("torch + torchvision")
         session.install("--no-deps", str(wheel), env=env)
-        session.install("-c", str(constraints), *SGLANG_IMPORTS, "hatchling", *pinned("pytest", table=TOOLS),
+        session.install("-c", str(constraints), *SGLANG_IMPORTS, "hatchling", "editables", *pinned("pytest", table=TOOLS),
                         env=env | no_local_cpu_torch)
         # atom-sglang installed (not put on PYTHONPATH) so SGLang finds its sglang.srt.plugins entry point.
         session.install("--no-deps", "--no-build-isolation", "-e", "packages/atom-kernels", "-e", "packages/atom-core",
                         "-e", "packages/atom-sglang", env=env)
-        session.log(f"sglang {version}: installed in {time.monotonic() - started:.0f} s, venv {dir_size_gb(venv):.1f} GB")
-        session.run("pytest", "-q", "-p", "no:cacheprovider", "packages/atom-sglang/tests", *session.posargs, env=env)
+        timed("sglang, its imports, atom packages")
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "--durations=5", "packages/atom-sglang/tests", *session.posargs,
+                    env=env)
+        timed("tests")
     finally:
         session.log(f"sglang {version}: {time.monotonic() - started:.0f} s in all; deleting {venv} and {work}")
         shutil.rmtree(work, ignore_errors=True)
