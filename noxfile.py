@@ -126,11 +126,12 @@ def gpu(session: nox.Session) -> None:
 SGLANG = PINS.get("sglang", {})
 SGLANG_CI = [version for version, pins in SGLANG.get("versions", {}).items() if pins.get("ci")]
 # What `import sglang` and the tested paths (registry, model config, model loader, torch-native attention,
-# logits, plugins) import, found by listing sys.modules after those imports (einops: 0.5.21 only).
+# logits, plugins) import across the tested releases (0.5.21 also reaches einops and openai's types there).
 SGLANG_IMPORTS = [
     "numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette", "msgspec", "pydantic",
-    "pyzmq", "tqdm", "IPython", "aiohttp", "transformers", "apache-tvm-ffi", "dill", "sentencepiece",
-    "compressed-tensors", "gguf", "safetensors", "tokenizers", "triton", "einops",
+    "pyzmq", "tqdm", "IPython", "aiohttp", "transformers", "apache-tvm-ffi", "einops", "dill", "sentencepiece",
+    "compressed-tensors", "gguf", "openai", "partial_json_parser", "uvicorn", "fastapi", "setproctitle",
+    "safetensors", "tokenizers", "triton",
 ]
 
 
