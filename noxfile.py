@@ -51,13 +51,14 @@ def pinned(*names: str, table: dict[str, str] = CORE) -> list[str]:
 def install_core_stack(session: nox.Session) -> None:
     """torch first (pip takes the local CPU build), then the rest of what the core is tested with."""
     session.install(*pinned("torch"))
-    session.install(*pinned("triton", "transformers", "safetensors", "tokenizers"), "tqdm")
+    session.install(*pinned("triton", "transformers", "safetensors", "tokenizers", "pillow"), "tqdm")
 
 
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
     session.install(*pinned("ruff", table=TOOLS))
     session.run("ruff", "check", ".")
+    session.run("python", "ci/readme_tables.py", "--check")
 
 
 @nox.session(tags=["ci"])
@@ -109,6 +110,12 @@ def demo(session: nox.Session) -> None:
     session.run("atom", "generate", "--model", str(model), "--prompt-token-ids", "1,2,3,4", "--max-new-tokens", "4",
                 "--dtype", "float32", "--json", env=env)
     session.run("atom", "env", env=env)
+
+
+@nox.session
+def readme(session: nox.Session) -> None:
+    """Regenerate the README's tables from the catalog and ci/pins.toml."""
+    session.run("python", "ci/readme_tables.py", external=True)
 
 
 @nox.session

@@ -9,8 +9,9 @@ An adapter section of pins.toml (``[sglang]``, ``[vllm]``) has ``distribution``,
 the stack that release pins (``python``, ``torch``, ``transformers``).  Sections without ``versions``
 are left alone, so an adapter can adopt this schema on its own schedule.
 
-A README holds each table between ``<!-- BEGIN generated:<section> -->`` and ``<!-- END generated:<section> -->``
-(the markers ci/readme_tables.py uses for vLLM's list-style ``[[vllm]]`` section, so one generator can own both).
+A README holds each table between ``<!-- BEGIN GENERATED: <section> -->`` and ``<!-- END GENERATED: <section> -->``
+(the marker style of ci/readme_tables.py, which owns the catalog and core tables; the two can be folded
+into one generator by adding :func:`table` per adapter section to its ``TABLES``).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def pins_module(section: str, body: dict) -> str:
 
 
 def replace_block(text: str, section: str, block: str) -> str | None:
-    start, end = f"<!-- BEGIN generated:{section} -->", f"<!-- END generated:{section} -->"
+    start, end = f"<!-- BEGIN GENERATED: {section} -->", f"<!-- END GENERATED: {section} -->"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
     if not pattern.search(text):
         return None
@@ -88,7 +89,7 @@ def generated_files(pins: dict) -> dict[Path, str]:
             if updated is not None:
                 out[path] = updated
             elif "{distribution}" in readme:
-                raise SystemExit(f"{path.relative_to(ROOT)} has no <!-- BEGIN/END generated:{section} --> markers")
+                raise SystemExit(f"{path.relative_to(ROOT)} has no <!-- BEGIN/END GENERATED: {section} --> markers")
     return out
 
 

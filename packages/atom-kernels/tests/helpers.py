@@ -26,3 +26,32 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None
 
 def randn(*shape, dtype=torch.float32, device="cpu", gen=None, scale=1.0):
     return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(dtype=dtype, device=device)
+
+
+def assert_graph_capturable(fn, *inputs_to_refresh):
+    """``fn()`` captured into a CUDA graph and replayed gives what an eager call gives.
+
+    ``fn`` must return a tensor or a tuple of tensors; ``inputs_to_refresh`` are tensors it reads that the
+    check overwrites with fresh values between capture and replay, so a graph that baked in stale values
+    (a host sync, a ``.item()``) fails.
+    """
+    import torch
+
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fn()
+    for t in inputs_to_refresh:
+        t.copy_(torch.randn_like(t.float()).to(t.dtype) if t.is_floating_point() else t)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = fn()
+    captured = captured if isinstance(captured, tuple) else (captured,)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for got, want in zip(captured, expected):
+        torch.testing.assert_close(got, want)

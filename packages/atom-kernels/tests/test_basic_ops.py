@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import assert_close, randn
+from helpers import assert_close, assert_graph_capturable, randn
 
 from atom_kernels import rms_norm, rotary_embedding, silu_and_mul
 
@@ -80,3 +80,23 @@ def test_rotary_matches_explicit_complex_rotation(rng):
     rotary_embedding.call_backend("reference", pos, q, None, cache, head, True)
     torch.testing.assert_close(q[0, :4], expected[:, 0])
     torch.testing.assert_close(q[0, 4:], expected[:, 1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_dense_ops_are_cuda_graph_capturable(rng):
+    x = randn(9, 96, dtype=torch.bfloat16, device="cuda", gen=rng)
+    res = randn(9, 96, dtype=torch.bfloat16, device="cuda", gen=rng)
+    w = randn(96, dtype=torch.bfloat16, device="cuda", gen=rng)
+    assert_graph_capturable(lambda: rms_norm.call_backend("triton", x, w, 1e-6, res), x, res)
+    assert_graph_capturable(lambda: silu_and_mul.call_backend("triton", x), x)
+    cache = randn(32, 16, device="cuda", gen=rng)
+    pos = torch.randint(0, 32, (9,), generator=rng).cuda()
+    qk = randn(9, 3 * 32, dtype=torch.bfloat16, device="cuda", gen=rng)
+
+    def rotate_copy():
+        out = qk.clone()
+        q, k = out[:, :64], out[:, 64:]
+        rotary_embedding.call_backend("triton", pos, q, k, cache, 32, True)
+        return out
+
+    assert_graph_capturable(rotate_copy, qk)

@@ -11,6 +11,7 @@ import torch
 from _sglang_env import load_with_sglang
 
 from atom_core import catalog
+from atom_core.config import sliding_windows, text_config
 from atom_core.loader import Checkpoint
 from atom_core.quant.base import UnquantizedLinearMethod
 from atom_core.runtime.host import NativeHost
@@ -76,10 +77,11 @@ def test_sglang_builds_and_loads_every_parameter(arch, cpu_runtime, tiny_checkpo
     radix = compat.radix_attention_class()
     attention = [m for m in model.modules() if isinstance(m, radix)]
     assert [m.layer_id for m in attention] == list(range(model.config.num_hidden_layers))
-    windows = {m.sliding_window_size for m in attention}
-    expected = getattr(model.config, "sliding_window", None) if getattr(model.config, "use_sliding_window", True) else None
-    assert windows == {expected - 1 if expected else -1}
-    assert model.get_attention_sliding_window_size() == (expected - 1 if expected else None)
+    # ATOM's per-layer windows (transformers' convention) reach SGLang as its exclusive ones.
+    atom_windows = sliding_windows(text_config(model.config), len(attention))
+    assert [m.sliding_window_size for m in attention] == [w - 1 if w else -1 for w in atom_windows]
+    windows = {w - 1 for w in atom_windows if w}
+    assert model.get_attention_sliding_window_size() == (windows.pop() if windows else None)
     embed, head = model.get_embed_and_head()
     assert (embed is head) == bool(model.config.tie_word_embeddings)
     # SGLang reads (and may update) this as a dict on the class; ATOM's own is a classmethod.

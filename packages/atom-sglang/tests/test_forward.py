@@ -18,6 +18,7 @@ from torch import nn
 from atom_core import catalog
 from atom_core.loader import WeightMapper
 from atom_core.models.base import CausalLM
+from atom_sglang import compat
 
 pytestmark = pytest.mark.sglang
 
@@ -35,11 +36,12 @@ class SGLangCPUBatch:
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
-        cfg = model.decoder_config
+        radix = compat.radix_attention_class()
+        layers = [m for m in model.modules() if isinstance(m, radix)]
         self.req_pool = ReqToTokenPool(size=len(PROMPTS), max_context_len=MAX_CONTEXT, device="cpu", enable_memory_saver=False)
         self.kv_pool = MHATokenToKVPool(
-            size=len(PROMPTS) * MAX_CONTEXT + 1, page_size=1, dtype=torch.float32, head_num=cfg.num_kv_heads,
-            head_dim=cfg.head_dim, layer_num=cfg.num_layers, device="cpu", enable_memory_saver=False,
+            size=len(PROMPTS) * MAX_CONTEXT + 1, page_size=1, dtype=torch.float32, head_num=layers[0].tp_k_head_num,
+            head_dim=layers[0].head_dim, layer_num=len(layers), device="cpu", enable_memory_saver=False,
         )
         runner = SimpleNamespace(device="cpu", req_to_token_pool=self.req_pool, token_to_kv_pool=self.kv_pool)
         self.backend = TorchNativeAttnBackend(runner)

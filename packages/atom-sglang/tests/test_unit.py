@@ -92,7 +92,7 @@ def test_capability_plan_covers_the_catalog():
         "capability 'telepathy' is unknown to atom-sglang (add it to atom_sglang.capabilities)"
     ]
     hybrid = catalog.ArchSpec("BarForCausalLM", "m:C", "bar", "t:C", "bar",
-                              capabilities=frozenset({catalog.TEXT, "hybrid"}))
+                              capabilities=frozenset({catalog.TEXT, catalog.HYBRID}))
     assert len(capabilities.missing(hybrid)) == 1 and "linear_attention_state" in capabilities.missing(hybrid)[0]
 
 

@@ -15,6 +15,9 @@ from typing import Any
 from atom_core.errors import UnsupportedArchitectureError
 
 TEXT = "text-generation"
+HYBRID = "hybrid-linear-attention"  # per-sequence recurrent state (Gated DeltaNet) besides the KV cache
+MULTIMODAL = "multimodal"  # takes images (and videos) besides text
+MROPE = "mrope"  # positions are [3, T] (time, height, width), computed by the model from the prompt
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class ArchSpec:
     capabilities: frozenset[str] = frozenset({TEXT})
     quant_formats: tuple[str, ...] = ()
     tiny: dict[str, Any] = field(default_factory=dict)  # config overrides for `atom make-tiny`
+    tiny_preprocessor: dict[str, Any] = field(default_factory=dict)  # its preprocessor_config.json, if any
 
     def model_class(self) -> type:
         module, _, name = self.model.partition(":")
@@ -41,6 +45,42 @@ class ArchSpec:
 _TINY_DENSE = dict(
     vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, head_dim=64, max_position_embeddings=512, rms_norm_eps=1e-6,
+)
+
+# A tiny Qwen3-VL: the dense decoder above with interleaved MRoPE (sections sum to head_dim / 2), and a
+# two-block vision tower of 8-pixel patches whose merged 2x2 patches land in the decoder's width.
+_TINY_VISION = dict(
+    depth=2, hidden_size=64, intermediate_size=128, num_heads=2, patch_size=8, temporal_patch_size=2,
+    spatial_merge_size=2, out_hidden_size=_TINY_DENSE["hidden_size"], num_position_embeddings=16,
+    deepstack_visual_indexes=[0, 1],
+)
+_TINY_QWEN3_VL = dict(
+    text_config=dict(_TINY_DENSE, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [12, 10, 10], "mrope_interleaved": True,
+    }),
+    vision_config=_TINY_VISION,
+    # placeholder ids above the tiny tokenizer's 384 tokens
+    image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503,
+    tie_word_embeddings=False,
+)
+_TINY_QWEN_VL_IMAGES = {
+    "image_processor_type": "Qwen2VLImageProcessor", "patch_size": _TINY_VISION["patch_size"],
+    "temporal_patch_size": _TINY_VISION["temporal_patch_size"], "merge_size": _TINY_VISION["spatial_merge_size"],
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "size": {"shortest_edge": 16 * 16, "longest_edge": 64 * 64},  # images of 256 to 4096 pixels
+}
+
+# Tiny mixture-of-experts decoders: 8 experts of 96 intermediate features, top-2/4.
+_TINY_MOE = dict(_TINY_DENSE, tie_word_embeddings=False)
+
+# A tiny hybrid: Gated DeltaNet layers 0 and 2 (HV = 2H), gated full attention 1 and 3 (partial rotary);
+# sparse MoE with a shared expert except layer 2's dense MLP.
+_TINY_QWEN3_NEXT = dict(
+    _TINY_DENSE, tie_word_embeddings=False, num_hidden_layers=4,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_conv_kernel_dim=4, partial_rotary_factor=0.25, num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=96, shared_expert_intermediate_size=128, norm_topk_prob=True, mlp_only_layers=[2],
 )
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -61,6 +101,43 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         ArchSpec(
             "Qwen3ForCausalLM", "atom_core.models.llama:Qwen3ForCausalLM", "qwen",
             "transformers:Qwen3ForCausalLM", "qwen3", tiny=dict(_TINY_DENSE, tie_word_embeddings=False),
+        ),
+        ArchSpec(
+            "Qwen3MoeForCausalLM", "atom_core.models.qwen_moe:Qwen3MoeForCausalLM", "qwen_moe",
+            "transformers:Qwen3MoeForCausalLM", "qwen3_moe",
+            # layer 1 is dense (mlp_only_layers), layers 0 and 2 sparse
+            tiny=dict(_TINY_MOE, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=96,
+                      norm_topk_prob=True, mlp_only_layers=[1]),
+        ),
+        ArchSpec(
+            "Qwen2MoeForCausalLM", "atom_core.models.qwen_moe:Qwen2MoeForCausalLM", "qwen_moe",
+            "transformers:Qwen2MoeForCausalLM", "qwen2_moe",
+            tiny=dict(_TINY_MOE, num_experts=8, num_experts_per_tok=4, moe_intermediate_size=96,
+                      shared_expert_intermediate_size=160, norm_topk_prob=False),
+        ),
+        ArchSpec(
+            "MixtralForCausalLM", "atom_core.models.mixtral:MixtralForCausalLM", "mixtral",
+            "transformers:MixtralForCausalLM", "mixtral",
+            tiny=dict(_TINY_MOE, num_local_experts=8, num_experts_per_tok=2, intermediate_size=96, sliding_window=32),
+        ),
+        ArchSpec(
+            "Glm4MoeForCausalLM", "atom_core.models.glm4_moe:Glm4MoeForCausalLM", "glm4_moe",
+            "transformers:Glm4MoeForCausalLM", "glm4_moe",
+            # layer 0 dense; sigmoid routing over 2 groups of 4 experts (1 group kept), one shared expert
+            tiny=dict(_TINY_MOE, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=96,
+                      n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                      first_k_dense_replace=1, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5),
+        ),
+        ArchSpec(
+            "Qwen3NextForCausalLM", "atom_core.models.qwen3_next:Qwen3NextForCausalLM", "qwen3_next",
+            "transformers:Qwen3NextForCausalLM", "qwen3_next", capabilities=frozenset({TEXT, HYBRID}),
+            tiny=_TINY_QWEN3_NEXT,
+        ),
+        ArchSpec(
+            "Qwen3VLForConditionalGeneration", "atom_core.models.qwen3_vl:Qwen3VLForConditionalGeneration", "qwen-vl",
+            "transformers:Qwen3VLForConditionalGeneration", "qwen3_vl",
+            capabilities=frozenset({TEXT, MULTIMODAL, MROPE}), tiny=_TINY_QWEN3_VL,
+            tiny_preprocessor=_TINY_QWEN_VL_IMAGES,
         ),
     ]
 }

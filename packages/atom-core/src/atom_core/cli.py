@@ -33,6 +33,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompts = args.prompt_token_ids
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     runner = Runner(args.model, device=device, dtype=DTYPES[args.dtype], quantization=args.quantization)
+    if args.image:
+        prompts = _image_prompts(runner, args.image, prompts)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed, ignore_eos=args.ignore_eos)
     outputs = runner.generate(prompts, params)
@@ -43,6 +45,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
             text = tokenizer.decode(out.token_ids) if tokenizer is not None else " ".join(map(str, out.token_ids))
             print(text)
     return 0
+
+
+def _image_prompts(runner, paths: list[str], prompts: list[list[int]]):
+    """Every prompt shown the images (in order) before its text."""
+    from atom_core.catalog import MULTIMODAL
+    from atom_core.runtime.multimodal import Prompt, load_images, with_image_placeholders
+
+    if MULTIMODAL not in runner.spec.capabilities:
+        raise SystemExit(f"{runner.spec.name} does not take images (--image)")
+    images = load_images(runner.model_dir, paths)
+    return [Prompt(with_image_placeholders(runner.hf_config, ids, images.image_grid_thw), images) for ids in prompts]
 
 
 def _tokenizer(model_dir: Path):
@@ -105,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
     src.add_argument("--prompt-token-ids", action="append", type=_parse_ids, help="comma-separated ids (repeatable)")
+    gen.add_argument("--image", action="append", default=[], metavar="PATH",
+                     help="an image shown before each prompt's text (repeatable; multimodal models)")
     gen.add_argument("--max-new-tokens", type=int, default=16)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-p", type=float, default=1.0)

@@ -100,6 +100,70 @@ class Host(Protocol):
         conv_shape: tuple[int, ...],
         ssm_shape: tuple[int, ...],
         dtype: torch.dtype,
-    ) -> Any:
-        """Access to the framework's per-sequence conv/SSM state of one linear-attention layer."""
+    ) -> LinearAttentionState:
+        """The framework's per-sequence state of one linear-attention (Gated DeltaNet) layer.
+
+        Called once per layer at construction.  ``conv_shape = (conv_dim, kernel_width - 1)`` and
+        ``ssm_shape = (num_v_heads, head_k_dim, head_v_dim)`` are this rank's per-sequence shapes, logical
+        (K-major); ``dtype`` is the model's activation dtype (the conv state's).  The host allocates one
+        conv and one SSM state per sequence slot (the SSM state in fp32 or bf16, its choice) and returns a
+        :class:`LinearAttentionState` whose ``step()`` the layer calls in every forward.
+        """
+        ...
+
+
+# --------------------------------------------------------------------------- linear-attention state
+@dataclass
+class LinearAttentionStep:
+    """One forward step's view of a linear-attention layer's per-sequence state.
+
+    **Token order.** The step's ``T`` tokens are: first ``num_decode_tokens`` decode tokens — each decode
+    sequence n contributes ``Tq = num_decode_tokens // len(decode_slots)`` consecutive tokens (1 for
+    plain decode, more for speculative decode) — then ``num_prefill_tokens`` tokens of packed prefill
+    sequences, then padding up to T (outputs zero).  Either part may be empty.
+
+    **State pools** (the host's tensors, updated in place by the layer's kernels):
+
+    * ``conv_state``: ``[num_slots, conv_dim, kernel_width - 1]`` (any strides), oldest input first;
+    * ``ssm_state``: ``[num_slots, HV, K, V]`` when ``ssm_layout == "k_major"`` or ``[num_slots, HV, V, K]``
+      when ``"v_major"`` (see :mod:`atom_kernels.gdn`).
+
+    **Decode part.** ``decode_slots`` ``[num_decodes]``: each decode sequence's slot (conv and SSM state,
+    read and written back in place; negative = padding: zero outputs, nothing touched).  For speculative
+    decode a host that rolls back rejected tokens may add ``decode_ssm_slots`` ``[num_decodes, Tq]``: the
+    SSM state after token t is written to ``decode_ssm_slots[n, t]`` and the initial one is read from
+    ``decode_ssm_slots[n, num_accepted_tokens[n] - 1]`` (index 0 without ``num_accepted_tokens``).  The
+    conv state is always shifted in place at ``decode_slots`` (no rollback).
+
+    **Prefill part.** ``prefill_cu_seqlens`` ``[num_prefills + 1]`` (int32, offsets into the prefill
+    tokens, starting at 0), ``prefill_slots`` ``[num_prefills]`` (negative = padding) and
+    ``prefill_has_initial_state`` ``[num_prefills]`` bool: whether the sequence continues from the state
+    in its slot (a chunk of a longer prompt, a cached prefix) or starts from zero.  Every prefill
+    sequence's final states are written to its slot.
+
+    Index tensors live on the model's device.  Nothing here needs a host sync, so a host may build the
+    step for CUDA-graph capture (a decode-only batch padded with negative slots).
+    """
+
+    conv_state: torch.Tensor
+    ssm_state: torch.Tensor
+    ssm_layout: str = "k_major"
+    num_decode_tokens: int = 0
+    decode_slots: torch.Tensor | None = None
+    decode_ssm_slots: torch.Tensor | None = None
+    num_accepted_tokens: torch.Tensor | None = None
+    num_prefill_tokens: int = 0
+    prefill_cu_seqlens: torch.Tensor | None = None
+    prefill_slots: torch.Tensor | None = None
+    prefill_has_initial_state: torch.Tensor | None = None
+
+
+@runtime_checkable
+class LinearAttentionState(Protocol):
+    """What :meth:`Host.linear_attention_state` returns for one layer."""
+
+    ssm_layout: str  # "k_major" or "v_major": the layout of this host's SSM state pools
+
+    def step(self) -> LinearAttentionStep:
+        """This forward step's pools and metadata (read from the host's own per-step context)."""
         ...

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from atom_core import catalog
+from atom_core.config import text_config
 
 EOS_TOKEN = "<|endoftext|>"
 _CORPUS = """\
@@ -38,11 +39,20 @@ def build_tokenizer(vocab_size: int):
     return tokenizer
 
 
+def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``overrides``; nested dicts (a multimodal config's ``text_config``,
+    ``vision_config``) are merged key by key rather than replaced."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def tiny_config(arch: str, **overrides: Any):
     from transformers import AutoConfig
 
     spec = catalog.get(arch)
-    kwargs = {**spec.tiny, **overrides}
+    kwargs = merged(spec.tiny, overrides)
     config = AutoConfig.for_model(spec.model_type, **kwargs)
     config.architectures = [arch]
     return config
@@ -54,7 +64,7 @@ def make_tiny(arch: str, out_dir: str | Path, *, seed: int = 0, max_shard_size: 
     spec = catalog.get(arch)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(spec.tiny.get("vocab_size", 512))
+    tokenizer = build_tokenizer(spec.tiny.get("text_config", spec.tiny).get("vocab_size", 512))
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     config = tiny_config(arch, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, **overrides)
     torch.manual_seed(seed)
@@ -64,6 +74,8 @@ def make_tiny(arch: str, out_dir: str | Path, *, seed: int = 0, max_shard_size: 
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN,
-        "pad_token": EOS_TOKEN, "model_max_length": config.max_position_embeddings,
+        "pad_token": EOS_TOKEN, "model_max_length": text_config(config).max_position_embeddings,
     }, indent=1))
+    if spec.tiny_preprocessor:
+        (out / "preprocessor_config.json").write_text(json.dumps(spec.tiny_preprocessor, indent=1))
     return out

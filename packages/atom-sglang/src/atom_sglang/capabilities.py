@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from atom_core import catalog
-from atom_core.catalog import TEXT
+from atom_core.catalog import HYBRID, MROPE, MULTIMODAL, TEXT
 
 
 @dataclass(frozen=True)
@@ -26,19 +26,21 @@ EXTENSIONS: dict[str, Extension] = {
         "forward_batch, input_embeds=None, pp_proxy_tensors=None) -> LogitsProcessorOutput, load_weights, "
         "get_embed_and_head/set_embed_and_head, packed_modules_mapping; RadixAttention; SGLang's TP group"
     ),
-    "mrope": Extension(
+    MROPE: Extension(
         "positions [3, T] from forward_batch.mrope_positions, which SGLang fills when the config's rope "
         "parameters carry mrope_section (the wrapper swaps them in; the model takes [3, T] positions, and 1-D "
         "ones when SGLang serves the checkpoint text-only)"
     ),
-    "hybrid": Extension(
-        "SGLangHost.linear_attention_state backed by SGLang's hybrid linear-attention backend: per-layer conv and "
-        "SSM state from its mamba pool (req_to_token_pool.mamba2_layer_cache(layer_id)) and this step's slot "
-        "indices (forward_metadata.mamba_cache_indices), in the layout ATOM's GDN kernels use; architectures whose "
-        "config SGLang does not recognise as hybrid declared with register_linear_attn_model (compat) from the plugin",
+    HYBRID: Extension(
+        "SGLangHost.linear_attention_state returning an atom_core.host.LinearAttentionState whose step() reads "
+        "SGLang's hybrid linear-attention backend: the layer's conv and SSM pools from its mamba pool "
+        "(req_to_token_pool.mamba2_layer_cache(layer_id); ssm_layout as SGLang stores it) and this step's slot "
+        "indices and decode/prefill split (forward_metadata.mamba_cache_indices, the batch's extend lengths); "
+        "architectures whose config SGLang does not recognise as hybrid declared with register_linear_attn_model "
+        "(compat) from the plugin",
         implemented=False,
     ),
-    "multimodal": Extension(
+    MULTIMODAL: Extension(
         "a multimodal processor package (SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE: BaseMultimodalProcessor subclasses "
         "whose `models` list the generated classes), pad_input_ids, the vision encoder's feature hook and the merge of "
         "image embeddings into input_embeds before the language model",

@@ -7,7 +7,9 @@ folds it into cos/sin.
 
 from __future__ import annotations
 
+import json
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 
 from atom_core.errors import UnsupportedConfigError
-from atom_kernels import rotary_embedding
+from atom_kernels import mrope, rotary_embedding
 
 
 def _base_inv_freq(theta: float, dim: int) -> torch.Tensor:
@@ -96,6 +98,22 @@ def cos_sin_cache(inv_freq: torch.Tensor, max_position: int, scaling: float = 1.
     return torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
 
 
+_CACHES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def shared_cos_sin_cache(rope: dict[str, Any], rotary_dim: int, max_position: int, device: torch.device) -> torch.Tensor:
+    """One cos/sin cache per (rope settings, rotary_dim, max_position, device), shared by every layer
+    that asks for it (a 262k-position cache is 128 MiB; one per layer would waste GiBs)."""
+    key = (json.dumps(rope, sort_keys=True, default=str), rotary_dim, max_position, str(device))
+    cache = _CACHES.get(key)
+    if cache is None:
+        with torch.device("cpu"):  # computed on the CPU as transformers does, then moved
+            inv_freq, scaling = inv_freq_and_scaling(rope, rotary_dim, max_position)
+            cache = cos_sin_cache(inv_freq, max_position, scaling).to(device)
+        _CACHES[key] = cache
+    return cache
+
+
 class RotaryEmbedding(nn.Module):
     """Rotates q and k in place by their positions (NeoX halves or GPT-J pairs; partial rotary)."""
 
@@ -104,14 +122,48 @@ class RotaryEmbedding(nn.Module):
         self.head_size = head_size
         self.rotary_dim = rotary_dim
         self.is_neox = is_neox
-        target = torch.get_default_device()
-        with torch.device("cpu"):  # computed on the CPU as transformers does, then moved
-            inv_freq, scaling = inv_freq_and_scaling(rope, rotary_dim, max_position)
-            cache = cos_sin_cache(inv_freq, max_position, scaling)
-        self.register_buffer("cos_sin_cache", cache.to(target), persistent=False)
+        cache = shared_cos_sin_cache(rope, rotary_dim, max_position, torch.get_default_device())
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None):
         return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox)
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, neox={self.is_neox}"
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """Multimodal rotary embedding (NeoX): positions ``[3, T]`` (time, height, width) or ``[T]`` (text),
+    each frequency reading the row ``mrope_section`` assigns it — chunked (Qwen2-VL, Qwen2.5-VL) or
+    ``mrope_interleaved`` (Qwen3-VL, Qwen3.5).  ``forward`` optionally fuses the per-head q/k RMSNorm that
+    precedes the rotation into the same kernel."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any]):
+        super().__init__(head_size, rotary_dim, max_position, rope, is_neox=True)
+        self.mrope_section = tuple(int(s) for s in rope["mrope_section"])
+        self.interleaved = bool(rope.get("mrope_interleaved", False))
+        if sum(self.mrope_section) * 2 != rotary_dim:
+            raise UnsupportedConfigError(
+                f"mrope_section {list(self.mrope_section)} does not sum to rotary_dim/2 = {rotary_dim // 2}"
+            )
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None,
+                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
+        """Rotate q and k in place; with ``q_norm``/``k_norm`` (:class:`~atom_core.layers.norm.RMSNorm` of
+        ``head_size``) normalise each head first, in the same pass."""
+        norm = {} if q_norm is None else dict(
+            q_weight=q_norm.weight, k_weight=k_norm.weight, eps=q_norm.eps, weight_offset=q_norm.weight_offset
+        )
+        return mrope(positions, q, k, self.cos_sin_cache, self.head_size, self.mrope_section, self.interleaved, **norm)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mrope_section={list(self.mrope_section)}, interleaved={self.interleaved}"
+
+
+def get_rope(head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any], *,
+             is_neox: bool = True) -> RotaryEmbedding:
+    """The rotary embedding a config asks for: :class:`MRotaryEmbedding` when its rope parameters carry an
+    ``mrope_section``, else :class:`RotaryEmbedding`."""
+    if rope.get("mrope_section"):
+        return MRotaryEmbedding(head_size, rotary_dim, max_position, rope)
+    return RotaryEmbedding(head_size, rotary_dim, max_position, rope, is_neox=is_neox)

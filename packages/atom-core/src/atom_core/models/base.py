@@ -16,6 +16,9 @@ class CausalLM(nn.Module):
     logits; ``load_weights`` consumes ``(checkpoint_name, tensor)`` pairs."""
 
     weight_mapper: ClassVar[WeightMapper]
+    # Rows of the positions ``forward`` takes: 1 (``[T]``), or 3 (``[T/H/W, T]``, MRoPE) — then the model
+    # also provides ``prompt_positions(token_ids, image_grid_thw) -> ([3, L], delta)`` for its prompts.
+    position_rows: ClassVar[int] = 1
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from atom_core.layers.activation import SiluAndMul
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import RotaryEmbedding
+from atom_core.layers.rotary import get_rope
 from atom_core.loader import WeightMapper
 from atom_core.models.base import CausalLM
 
@@ -61,7 +62,7 @@ class Attention(nn.Module):
         )
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if options.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if options.qk_norm else None
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope)
+        self.rotary_emb = get_rope(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope)
         self.attn = host.attention(
             f"{prefix}.attn", layer_id, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
             cfg.head_dim**-0.5, sliding_window=cfg.sliding_windows[layer_id],
@@ -76,13 +77,23 @@ class Attention(nn.Module):
         return self.o_proj(self.attn(q, k, v))
 
 
+# (layer id, module prefix) -> the layer's MLP (dense, or a mixture of experts)
+MLPBuilder = Callable[[int, str], nn.Module]
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig, options: AttentionOptions, layer_id: int, *, host: Host, prefix: str):
+    attention_class: type[Attention] = Attention  # a family with its own attention subclasses the layer
+
+    def __init__(self, cfg: DecoderConfig, options: AttentionOptions, layer_id: int, *, host: Host, prefix: str,
+                 build_mlp: MLPBuilder | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, options, layer_id, host=host, prefix=f"{prefix}.self_attn")
+        self.self_attn = self.attention_class(cfg, options, layer_id, host=host, prefix=f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, host=host, prefix=f"{prefix}.mlp")
+        if build_mlp is not None:
+            self.mlp = build_mlp(layer_id, f"{prefix}.mlp")
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, host=host, prefix=f"{prefix}.mlp")
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None):
         if residual is None:
@@ -95,11 +106,15 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: DecoderConfig, options: AttentionOptions, *, host: Host, prefix: str):
+    layer_class: type[DecoderLayer] = DecoderLayer
+
+    def __init__(self, cfg: DecoderConfig, options: AttentionOptions, *, host: Host, prefix: str,
+                 build_mlp: MLPBuilder | None = None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, host=host)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, options, i, host=host, prefix=f"{prefix}.layers.{i}") for i in range(cfg.num_layers)
+            self.layer_class(cfg, options, i, host=host, prefix=f"{prefix}.layers.{i}", build_mlp=build_mlp)
+            for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -128,12 +143,19 @@ class LlamaForCausalLM(CausalLM):
         bias = bool(getattr(cfg, "attention_bias", False))
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
 
+    def build_mlp(self, hf_config: Any, cfg: DecoderConfig, layer_id: int, *, host: Host, prefix: str) -> nn.Module:
+        """The MLP of layer ``layer_id`` (mixture-of-experts families override this)."""
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, host=host, prefix=prefix)
+
     def __init__(self, hf_config: Any, host: Host, prefix: str = ""):
         super().__init__()
         self.config = hf_config
         cfg = DecoderConfig.from_hf(hf_config)
         self.decoder_config = cfg
-        self.model = DecoderModel(cfg, self.attention_options(hf_config), host=host, prefix=_join(prefix, "model"))
+        self.model = DecoderModel(
+            cfg, self.attention_options(hf_config), host=host, prefix=_join(prefix, "model"),
+            build_mlp=lambda layer_id, mlp_prefix: self.build_mlp(hf_config, cfg, layer_id, host=host, prefix=mlp_prefix),
+        )
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, host=host)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)

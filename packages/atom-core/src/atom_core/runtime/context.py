@@ -13,14 +13,17 @@ class StepContext:
 
     ``slot_mapping[t]``: the KV-cache slot token t writes (negative: a padding token, not written).
     ``slot_table[b, j]``: the slot of sequence b's j-th context token, for j < ``seq_lens[b]``.
+    ``state_slots[b]``: sequence b's slot in the linear-attention state pool (models that have such layers).
     """
 
     query_lens: list[int]
     seq_lens: list[int]
     slot_mapping: torch.Tensor
     slot_table: torch.Tensor
+    state_slots: list[int] | None = None
     _masks: dict[int | None, torch.Tensor] = field(default_factory=dict, repr=False)
     _token_index: torch.Tensor | None = field(default=None, repr=False)
+    _linear: dict | None = field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -52,3 +55,27 @@ class StepContext:
                 visible &= q_pos - k_pos < sliding_window
             self._masks[sliding_window] = visible[:, None]
         return self._masks[sliding_window]
+
+    def linear_attention_metadata(self) -> dict:
+        """The step's :class:`atom_core.host.LinearAttentionStep` fields other than the pools.
+
+        A batch where every sequence adds one token to an existing context is a decode step; any other
+        batch runs every sequence as a prefill (continuing from its state when it has context).
+        """
+        if self._linear is None:
+            if self.state_slots is None:
+                raise RuntimeError("this step has no linear-attention state slots")
+            device = self.slot_mapping.device
+            slots = torch.tensor(self.state_slots, dtype=torch.int64, device=device)
+            context = [s - q for s, q in zip(self.seq_lens, self.query_lens)]
+            if all(q == 1 for q in self.query_lens) and all(c > 0 for c in context):
+                self._linear = dict(num_decode_tokens=len(self.query_lens), decode_slots=slots)
+            else:
+                cu = [0]
+                for q in self.query_lens:
+                    cu.append(cu[-1] + q)
+                self._linear = dict(
+                    num_prefill_tokens=cu[-1], prefill_cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+                    prefill_slots=slots, prefill_has_initial_state=torch.tensor([c > 0 for c in context], device=device),
+                )
+        return self._linear

@@ -12,15 +12,21 @@ from atom_core.host import SingleRank, TensorParallel
 from atom_core.runtime.attention import PagedAttention
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.kv_cache import KVCache
+from atom_core.runtime.state_pool import NativeLinearAttentionState, StatePool, StateSpec
+from atom_kernels.gdn import K_MAJOR
 
 
 class NativeHost:
+    linear_attention_layout = K_MAJOR  # the layout of its GDN SSM state pools (a class attribute tests may change)
+
     def __init__(self, tp: TensorParallel | None = None, quant: Any = None):
         self.tp = tp or SingleRank()
         self.quant = quant
         self.context: StepContext | None = None
         self.kv_cache: KVCache | None = None
         self.attention_layers: list[PagedAttention] = []
+        self.state_specs: list[StateSpec] = []
+        self.state_pool: StatePool | None = None
 
     def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
@@ -31,8 +37,16 @@ class NativeHost:
         self.attention_layers.append(layer)
         return layer
 
-    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype):
-        raise UnsupportedConfigError(f"{prefix}: linear-attention state is not available in this build")
+    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype) -> NativeLinearAttentionState:
+        """Per-sequence GDN state in this host's pool (SSM state in fp32, ``ssm_layout`` K-major)."""
+        self.state_specs.append(StateSpec(prefix, tuple(conv_shape), tuple(ssm_shape), dtype, torch.float32))
+        return NativeLinearAttentionState(self, len(self.state_specs) - 1, self.linear_attention_layout)
+
+    def allocate_state_pool(self, num_slots: int, device: torch.device) -> StatePool | None:
+        """Pools for ``num_slots`` sequences (None when the model has no linear-attention layers)."""
+        if self.state_specs and (self.state_pool is None or self.state_pool.num_slots < num_slots):
+            self.state_pool = StatePool(self.state_specs, num_slots, self.linear_attention_layout, device)
+        return self.state_pool
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         shapes = [(layer.num_kv_heads, layer.head_dim) for layer in self.attention_layers]

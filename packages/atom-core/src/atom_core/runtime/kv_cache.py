@@ -22,10 +22,12 @@ class BlockAllocator:
 
 @dataclass
 class SequenceSlots:
-    """The blocks one sequence holds and how many of its slots are filled."""
+    """The blocks one sequence holds and how many of its slots are filled (and its linear-attention
+    state slot, -1 when the model has no such layers)."""
 
     blocks: list[int] = field(default_factory=list)
     length: int = 0
+    state_slot: int = -1
 
     def grow(self, new_tokens: int, block_size: int, allocator: BlockAllocator) -> list[int]:
         """Reserve slots for ``new_tokens`` more tokens; returns their slot ids."""

@@ -4,6 +4,7 @@ decode them step by step over the paged KV cache."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from atom_core.quant import parse_quant_config
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.host import NativeHost
 from atom_core.runtime.kv_cache import SequenceSlots
+from atom_core.runtime.multimodal import ImageInputs, Prompt, as_prompt
+from atom_core.runtime.positions import PositionPlan
 from atom_core.runtime.sampler import SamplingParams, sample
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ class Runner:
         self.model.load_weights(Checkpoint(self.model_dir))
         self.model.eval()
         self.eos_token_ids = _eos_ids(self.hf_config, self.model_dir)
+        self.position_rows = self.model.position_rows  # 3: the model wants MRoPE positions
 
     # ------------------------------------------------------------------------------------- steps
     def _ensure_cache(self, slots_needed: int) -> None:
@@ -54,7 +58,37 @@ class Runner:
         if cache is None or cache.num_blocks < blocks:
             self.host.allocate_kv_cache(blocks, self.block_size, self.dtype, self.device)
 
-    def _step(self, seqs: list[SequenceSlots], new_tokens: list[list[int]]) -> torch.Tensor:
+    def _new_sequences(self, count: int) -> list[SequenceSlots]:
+        """Fresh sequences, each with a linear-attention state slot when the model has such layers."""
+        seqs = [SequenceSlots() for _ in range(count)]
+        pool = self.host.allocate_state_pool(count, self.device)
+        if pool is not None:
+            for seq in seqs:
+                seq.state_slot = pool.allocate()
+        return seqs
+
+    def _release(self, seqs: list[SequenceSlots]) -> None:
+        self.host.kv_cache.allocator.release([b for s in seqs for b in s.blocks])
+        if self.host.state_pool is not None:
+            self.host.state_pool.release([s.state_slot for s in seqs])
+
+    def _position_plan(self, prompt: Prompt) -> PositionPlan:
+        if self.position_rows == 1:
+            return PositionPlan()
+        grid = prompt.images.image_grid_thw if prompt.images is not None else None
+        positions, delta = self.model.prompt_positions(prompt.token_ids, grid)
+        return PositionPlan(rows=self.position_rows, prompt=positions, delta=delta)
+
+    def _multimodal_inputs(self, input_ids: torch.Tensor, images: list[ImageInputs]) -> dict:
+        """``forward`` keyword arguments carrying this step's images (the model embeds them)."""
+        if catalog.MULTIMODAL not in self.spec.capabilities:
+            raise ValueError(f"{self.spec.name} does not take images")
+        pixels = torch.cat([im.pixel_values for im in images]).to(self.device)
+        grids = torch.cat([im.image_grid_thw for im in images])
+        return self.model.multimodal_forward_inputs(input_ids, pixels, grids)
+
+    def _step(self, seqs: list[SequenceSlots], new_tokens: list[list[int]], plans: list[PositionPlan],
+              images: list[ImageInputs] | None = None) -> torch.Tensor:
         """Run the model over each sequence's new tokens; returns hidden states ``[sum(new), H]``."""
         allocator = self.host.kv_cache.allocator
         starts = [s.length for s in seqs]
@@ -65,33 +99,43 @@ class Runner:
             seq_lens=[s.length for s in seqs],
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=self.device),
             slot_table=torch.tensor([s.slot_row(self.block_size, width) for s in seqs], dtype=torch.int64, device=self.device),
+            state_slots=[s.state_slot for s in seqs],
         )
         input_ids = torch.tensor([t for toks in new_tokens for t in toks], dtype=torch.int64, device=self.device)
-        positions = torch.tensor(
-            [p for start, toks in zip(starts, new_tokens) for p in range(start, start + len(toks))],
-            dtype=torch.int64, device=self.device,
-        )
+        positions = torch.cat(
+            [plan.positions(start, len(toks)) for plan, start, toks in zip(plans, starts, new_tokens)], dim=1
+        ).to(self.device)
+        if self.position_rows == 1:
+            positions = positions[0]
+        kwargs = self._multimodal_inputs(input_ids, images) if images else {}
         self.host.context = ctx
         try:
-            return self.model(input_ids, positions)
+            return self.model(input_ids, positions, **kwargs)
         finally:
             self.host.context = None
 
     @torch.inference_mode()
-    def prompt_logits(self, prompts: list[list[int]]) -> list[torch.Tensor]:
+    def prompt_logits(self, prompts: Sequence[Sequence[int] | Prompt]) -> list[torch.Tensor]:
         """Logits at every position of each prompt, all prompts prefilled in one batch."""
-        self._ensure_cache(sum(len(p) for p in prompts) + self.block_size * len(prompts))
-        seqs = [SequenceSlots() for _ in prompts]
+        prompts = [as_prompt(p) for p in prompts]
+        images = [p.images for p in prompts if p.images is not None]
+        self._ensure_cache(sum(len(p.token_ids) for p in prompts) + self.block_size * len(prompts))
+        seqs = self._new_sequences(len(prompts))
         try:
-            hidden = self._step(seqs, prompts)
+            hidden = self._step(seqs, [p.token_ids for p in prompts], [self._position_plan(p) for p in prompts], images)
             logits = self.model.compute_logits(hidden).float()
-            return list(logits.split([len(p) for p in prompts]))
+            return list(logits.split([len(p.token_ids) for p in prompts]))
         finally:
-            self.host.kv_cache.allocator.release([b for s in seqs for b in s.blocks])
+            self._release(seqs)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[GenerationOutput]:
+    def generate(self, prompts: Sequence[Sequence[int] | Prompt], params: SamplingParams | None = None
+                 ) -> list[GenerationOutput]:
         params = params or SamplingParams()
+        prompt_inputs = [as_prompt(p) for p in prompts]
+        prompts = [p.token_ids for p in prompt_inputs]
+        plans = [self._position_plan(p) for p in prompt_inputs]
+        images = [p.images for p in prompt_inputs if p.images is not None]  # all consumed by the prefill step
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         limit = self.model.decoder_config.max_position if hasattr(self.model, "decoder_config") else None
@@ -100,12 +144,14 @@ class Runner:
         self._ensure_cache(sum(len(p) + params.max_new_tokens for p in prompts) + self.block_size * len(prompts))
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         outputs = [GenerationOutput(list(p)) for p in prompts]
-        seqs = [SequenceSlots() for _ in prompts]
+        seqs = self._new_sequences(len(prompts))
         active = list(range(len(prompts)))
         pending = [list(p) for p in prompts]
         try:
             while active:
-                hidden = self._step([seqs[i] for i in active], [pending[i] for i in active])
+                hidden = self._step([seqs[i] for i in active], [pending[i] for i in active], [plans[i] for i in active],
+                                    images)
+                images = None
                 last = torch.tensor([len(pending[i]) for i in active], device=self.device).cumsum(0) - 1
                 tokens, logprobs = sample(self.model.compute_logits(hidden[last]), params, generator)
                 still = []
@@ -122,7 +168,7 @@ class Runner:
                         still.append(i)
                 active = still
         finally:
-            self.host.kv_cache.allocator.release([b for s in seqs for b in s.blocks])
+            self._release(seqs)
         return outputs
 
 

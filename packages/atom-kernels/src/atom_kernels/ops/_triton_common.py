@@ -1,0 +1,53 @@
+"""Small pieces the Triton kernels of several ops share.
+
+Two interpreter facts shape them (Triton 3.6 with NumPy >= 2.4, how the CPU tests run):
+
+* a ``for`` loop over a *runtime* bound fails (the interpreter turns the bound into a 1-element array
+  that NumPy no longer converts to an int); a ``while`` loop works.  Kernels with data-dependent trip
+  counts take ``USE_WHILE`` and use ``while`` only under the interpreter, keeping ``for`` (software
+  pipelined) on the GPU.
+* ``tl.dot`` of bf16/fp16 operands returns garbage; fp32 operands are exact.  Kernels take the operand
+  dtype of their dots as a constexpr: the tensor dtype on the GPU, fp32 under the interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.dispatch import triton_interpreting
+
+LOG2E = 1.4426950408889634
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def dot_dtype(dtype: torch.dtype):
+    """Operand dtype of ``tl.dot`` for tensors of ``dtype``."""
+    if triton_interpreting():
+        return tl.float32
+    return _TL_DTYPES[dtype]
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 dots in IEEE precision (no TF32 rounding) so fp32 runs match the fp32 reference; the setting
+    only concerns fp32 operands (bf16/fp16 dots use the tensor cores either way)."""
+    return "ieee" if dtype == torch.float32 or triton_interpreting() else "tf32"
+
+
+def use_while() -> bool:
+    return triton_interpreting()
+
+
+@triton.jit
+def softplus(x):
+    """``log(1 + exp(x))``, linear above 20 (torch's threshold)."""
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def gdn_gate(a, b, A_log, dt_bias):
+    """``(g, beta)`` of the gated delta rule in fp32 from the raw projections."""
+    g = -tl.exp(A_log) * softplus(a + dt_bias)
+    return g, tl.sigmoid(b)

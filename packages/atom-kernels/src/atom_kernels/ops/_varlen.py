@@ -1,0 +1,36 @@
+"""Packed variable-length sequences (``cu_seqlens``) cut into fixed-size chunks, without a host sync.
+
+Kernels over packed sequences launch one program per chunk.  The number of chunks depends on the
+lengths, which live on the device; instead of reading them back (a sync, and no CUDA-graph capture)
+the grid is the upper bound ``ceil(T / block) + N`` and a program whose chunk does not exist exits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+
+def max_chunks(num_tokens: int, num_seqs: int, block: int) -> int:
+    """Upper bound of ``sum(ceil(len_i / block))`` over sequences of total length <= num_tokens."""
+    return triton.cdiv(num_tokens, block) + num_seqs
+
+
+def chunk_map(cu_seqlens: torch.Tensor, num_tokens: int, block: int):
+    """``(chunk_seq, chunk_start, chunk_offsets)`` for chunks of ``block`` tokens.
+
+    ``chunk_seq[c]``: the sequence of chunk c (-1 past the last chunk); ``chunk_start[c]``: its first
+    token; ``chunk_offsets[n]``: the index of sequence n's first chunk (``[N + 1]``).  int32.
+    """
+    cu = cu_seqlens.to(torch.int64)
+    num_seqs = cu.numel() - 1
+    counts = (cu[1:] - cu[:-1] + block - 1) // block
+    offsets = torch.zeros(num_seqs + 1, dtype=torch.int64, device=cu.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    ids = torch.arange(max_chunks(num_tokens, num_seqs, block), device=cu.device)
+    seq = torch.searchsorted(offsets[1:], ids, right=True)
+    valid = seq < num_seqs
+    seq_c = seq.clamp(max=max(num_seqs - 1, 0))
+    start = cu[seq_c] + (ids - offsets[seq_c]) * block
+    chunk_seq = torch.where(valid, seq_c, -1).to(torch.int32)
+    return chunk_seq, start.to(torch.int32), offsets.to(torch.int32)

@@ -1,0 +1,90 @@
+"""Tile configurations of the Triton fused-MoE kernels, keyed by shape class.
+
+The class is chosen from the mean number of tokens per expert (``T*k / E``): at one token per expert
+the kernels stream weights (memory-bound, small row blocks, deep pipelines); at hundreds they are
+GEMMs (large tiles).  ``python -m atom_kernels.bench moe`` sweeps ``SWEEP`` and reports every
+configuration per case, so one GPU run picks these numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoeKernelConfig:
+    """``block_m``: rows (token-expert pairs) per program and the padding unit of each expert's run;
+    ``up``: the gate|up GEMM (N = I, K = H); ``down``: the down GEMM (N = H, K = I);
+    ``group_m``: row blocks walked together per column tile (L2 reuse of weight tiles)."""
+
+    block_m: int
+    up: GemmTile
+    down: GemmTile
+    group_m: int = 8
+
+    def name(self) -> str:
+        u, d = self.up, self.down
+        return (f"m{self.block_m}-up{u.block_n}x{u.block_k}w{u.num_warps}s{u.num_stages}"
+                f"-down{d.block_n}x{d.block_k}w{d.num_warps}s{d.num_stages}-g{self.group_m}")
+
+
+# (upper bound of tokens per expert, class name); the last class takes everything larger.
+SHAPE_CLASSES: tuple[tuple[float, str], ...] = ((1.0, "decode"), (8.0, "small"), (64.0, "medium"), (float("inf"), "large"))
+
+CONFIGS: dict[str, MoeKernelConfig] = {
+    "decode": MoeKernelConfig(16, GemmTile(32, 128, 4, 4), GemmTile(64, 128, 4, 4), group_m=1),
+    "small": MoeKernelConfig(16, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 4, 3), group_m=1),
+    "medium": MoeKernelConfig(32, GemmTile(64, 128, 4, 3), GemmTile(128, 64, 4, 4), group_m=8),
+    "large": MoeKernelConfig(64, GemmTile(128, 64, 8, 4), GemmTile(128, 64, 4, 4), group_m=8),
+}
+
+# Candidates the benchmark times for each class (the default first).  The gate|up kernel computes two
+# accumulators (gate and up) per column tile, so its block_n covers half the columns of a plain GEMM's.
+SWEEP: dict[str, tuple[MoeKernelConfig, ...]] = {
+    "decode": (
+        CONFIGS["decode"],
+        MoeKernelConfig(16, GemmTile(32, 64, 4, 5), GemmTile(64, 64, 4, 5), group_m=1),
+        MoeKernelConfig(16, GemmTile(32, 256, 4, 2), GemmTile(64, 256, 4, 2), group_m=1),
+        MoeKernelConfig(16, GemmTile(16, 256, 2, 4), GemmTile(32, 128, 2, 5), group_m=1),
+        MoeKernelConfig(16, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 4, 3), group_m=1),
+    ),
+    "small": (
+        CONFIGS["small"],
+        MoeKernelConfig(16, GemmTile(32, 128, 4, 4), GemmTile(64, 128, 4, 4), group_m=1),
+        MoeKernelConfig(16, GemmTile(64, 64, 4, 5), GemmTile(128, 64, 4, 4), group_m=16),
+        MoeKernelConfig(32, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 4, 3), group_m=4),
+    ),
+    "medium": (
+        CONFIGS["medium"],
+        MoeKernelConfig(32, GemmTile(128, 128, 4, 2), GemmTile(256, 128, 4, 2), group_m=16),
+        MoeKernelConfig(16, GemmTile(64, 128, 4, 4), GemmTile(128, 128, 4, 3), group_m=8),
+        MoeKernelConfig(64, GemmTile(64, 64, 4, 4), GemmTile(128, 64, 4, 4), group_m=8),
+    ),
+    "large": (
+        CONFIGS["large"],
+        MoeKernelConfig(128, GemmTile(128, 64, 8, 4), GemmTile(256, 64, 8, 4), group_m=16),
+        MoeKernelConfig(128, GemmTile(64, 64, 8, 4), GemmTile(256, 64, 8, 4), group_m=8),
+        MoeKernelConfig(128, GemmTile(128, 64, 8, 3), GemmTile(128, 64, 8, 3), group_m=8),
+        MoeKernelConfig(64, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 8, 3), group_m=8),
+    ),
+}
+
+
+def shape_class(num_pairs: int, num_experts: int) -> str:
+    per_expert = num_pairs / max(num_experts, 1)
+    for bound, name in SHAPE_CLASSES:
+        if per_expert <= bound:
+            return name
+    return SHAPE_CLASSES[-1][1]
+
+
+def config_for(num_pairs: int, num_experts: int) -> MoeKernelConfig:
+    return CONFIGS[shape_class(num_pairs, num_experts)]

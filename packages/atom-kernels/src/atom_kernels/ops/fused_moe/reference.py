@@ -1,0 +1,49 @@
+"""Plain-torch fused MoE: the specification, one expert at a time."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from atom_kernels.ops.fused_moe.weights import dequantize_expert
+
+
+def check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant) -> None:
+    if hidden.dim() != 2:
+        raise ValueError(f"fused_moe: hidden must be [tokens, hidden], got {tuple(hidden.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != hidden.shape[0] or topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"fused_moe: topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be "
+            f"[{hidden.shape[0]}, k]"
+        )
+    if w13.dim() != 3 or w2.dim() != 3 or w13.shape[0] != w2.shape[0]:
+        raise ValueError(f"fused_moe: w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} must be [E, ., .] stacks")
+    if quant is None:
+        experts, two_inter, size = w13.shape
+        if size != hidden.shape[1] or two_inter % 2 or tuple(w2.shape) != (experts, size, two_inter // 2):
+            raise ValueError(
+                f"fused_moe: w13 {tuple(w13.shape)} must be [E, 2I, H] and w2 {tuple(w2.shape)} [E, H, I] "
+                f"with H={hidden.shape[1]}"
+            )
+    if expert_map is not None and expert_map.dim() != 1:
+        raise ValueError(f"fused_moe: expert_map must be 1-D, got {tuple(expert_map.shape)}")
+
+
+def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None):
+    check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant)
+    tokens, top_k = topk_ids.shape
+    ids = topk_ids.long()
+    local = expert_map.long()[ids] if expert_map is not None else ids
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    for expert in range(w13.shape[0]):
+        token, slot = torch.where(local == expert)
+        if token.numel() == 0:
+            continue
+        gate_up = dequantize_expert(w13, quant.w13_scale if quant else None, expert, quant)
+        down = dequantize_expert(w2, quant.w2_scale if quant else None, expert, quant)
+        x = hidden[token].float()
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        act = (F.silu(gate) * up).to(hidden.dtype).float()
+        y = F.linear(act, down) * topk_weights[token, slot].float()[:, None]
+        out.index_add_(0, token, y)
+    return out.to(hidden.dtype)

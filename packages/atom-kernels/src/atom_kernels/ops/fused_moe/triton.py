@@ -1,0 +1,214 @@
+"""Triton fused MoE: align, gate|up GEMM with SiLU-and-mul, down GEMM with the routing weight,
+sum over the k choices.
+
+1. :func:`moe_align_block_size` sorts the token-expert pairs by (local) expert into runs padded to
+   ``block_m`` rows; every row block belongs to one expert (-1 past the end: those programs exit).
+2. ``_moe_up_kernel``: per (row block, column tile of I), rows gather their token's hidden state, two
+   fp32 accumulators take the gate and the up rows of ``w13[e]``; the epilogue writes
+   ``silu(gate) * up`` (hidden's dtype) at the row's position.
+3. ``_moe_down_kernel``: per (row block, column tile of H), ``act @ w2[e]ᵀ`` times the pair's routing
+   weight, written at the pair's index.
+4. ``_moe_sum_kernel``: each token sums its k pair rows in fp32 (pairs of experts held elsewhere are
+   skipped).  With k = 1 the down GEMM writes the output directly.
+
+Every size that bounds a loop is a compile-time constant (H, I, the tiles); the row count only sizes
+grids, so the kernels are CUDA-graph capturable and never read anything back to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.dispatch import triton_interpreting
+from atom_kernels.ops.fused_moe.configs import MoeKernelConfig, config_for
+from atom_kernels.ops.fused_moe.reference import check_args
+from atom_kernels.ops.moe_align.triton import moe_align_block_size
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None) -> str | None:
+    if quant is not None:
+        return f"the Triton fused MoE has no {quant.format!r} expert-weight path yet"
+    if hidden.dtype not in DTYPES or w13.dtype != hidden.dtype or w2.dtype != hidden.dtype:
+        return f"hidden {hidden.dtype}, w13 {w13.dtype}, w2 {w2.dtype}: expects one of {DTYPES} for all three"
+    if w13.dim() != 3 or w2.dim() != 3 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
+        return "expert weights must be 3-D with contiguous rows"
+    if config is not None and (config.block_m < 16 or config.block_m & (config.block_m - 1)):
+        return f"block_m {config.block_m} must be a power of two >= 16"
+    return None
+
+
+@triton.jit
+def _grid_position(num_row_blocks, COL_TILES: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column tile) of this program; GROUP_M row blocks share a column tile in turn."""
+    pid = tl.program_id(0)
+    per_group = GROUP_M * COL_TILES
+    first = (pid // per_group) * GROUP_M
+    rows_in_group = tl.minimum(num_row_blocks - first, GROUP_M)
+    return first + (pid % per_group) % rows_in_group, (pid % per_group) // rows_in_group
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _moe_up_kernel(
+    x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, act_ptr, sorted_ptr, block_experts_ptr,
+    num_pairs, num_row_blocks,
+    TOP_K: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    block, tile = _grid_position(num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
+    expert = tl.load(block_experts_ptr + block)
+    if expert < 0:
+        return
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ptr + rows)
+    row_ok = pairs < num_pairs
+    tokens = (pairs // TOP_K).to(tl.int64)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < I
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tokens[:, None] * x_stride + ks[None, :]
+    w_base = w_ptr + expert.to(tl.int64) * w_stride_e + ks[:, None]
+    gate_ptrs = w_base + cols[None, :] * w_stride_n
+    up_ptrs = w_base + (cols + I)[None, :] * w_stride_n
+    gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        if H % BLOCK_K == 0:  # no mask along K: loads stay vectorised
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            wg = tl.load(gate_ptrs, mask=col_ok[None, :], other=0.0)
+            wu = tl.load(up_ptrs, mask=col_ok[None, :], other=0.0)
+        else:
+            k_ok = ks < H - k0
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wg = tl.load(gate_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            wu = tl.load(up_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if UPCAST:
+            a, wg, wu = a.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
+        gate = _dot(a, wg, gate, IEEE)
+        up = _dot(a, wu, up, IEEE)
+        a_ptrs += BLOCK_K
+        gate_ptrs += BLOCK_K
+        up_ptrs += BLOCK_K
+    act = gate * tl.sigmoid(gate) * up
+    out_ptrs = act_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :]
+    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(
+    act_ptr, w_ptr, w_stride_e, w_stride_n, out_ptr, weights_ptr, sorted_ptr, block_experts_ptr,
+    num_pairs, num_row_blocks,
+    H: tl.constexpr, I: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    block, tile = _grid_position(num_row_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
+    expert = tl.load(block_experts_ptr + block)
+    if expert < 0:
+        return
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ptr + rows)
+    row_ok = pairs < num_pairs
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < H
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = act_ptr + rows.to(tl.int64)[:, None] * I + ks[None, :]
+    w_ptrs = w_ptr + expert.to(tl.int64) * w_stride_e + cols[None, :] * w_stride_n + ks[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        if I % BLOCK_K == 0:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
+        else:
+            k_ok = ks < I - k0
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if UPCAST:
+            a, w = a.to(tl.float32), w.to(tl.float32)
+        acc = _dot(a, w, acc, IEEE)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    routing = tl.load(weights_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)
+    acc = acc * routing[:, None]
+    out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * H + cols[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _moe_sum_kernel(
+    pair_out_ptr, ids_ptr, map_ptr, out_ptr, out_stride,
+    TOP_K: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr, HAS_MAP: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        take = col_ok
+        if HAS_MAP:
+            expert = tl.load(ids_ptr + token * TOP_K + j)
+            take = take & (tl.load(map_ptr + expert) >= 0)
+        acc += tl.load(pair_out_ptr + (token * TOP_K + j) * H + cols, mask=take, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * out_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+def _launch_grid(num_row_blocks: int, cols: int, block_n: int) -> tuple[int]:
+    return (num_row_blocks * triton.cdiv(cols, block_n),)
+
+
+def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None,
+              config: MoeKernelConfig | None = None):
+    check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant)
+    tokens, size = hidden.shape
+    top_k = topk_ids.shape[1]
+    experts, two_inter, _ = w13.shape
+    inter = two_inter // 2
+    num_pairs = tokens * top_k
+    has_map = expert_map is not None
+    out = (torch.zeros if has_map and top_k == 1 else torch.empty)(hidden.shape, dtype=hidden.dtype, device=hidden.device)
+    if num_pairs == 0:
+        return out
+    cfg = config or config_for(num_pairs, experts)
+    if hidden.stride(-1) != 1:
+        hidden = hidden.contiguous()
+    weights = topk_weights.reshape(-1)
+    if not weights.is_contiguous():
+        weights = weights.contiguous()
+    sorted_ids, block_experts, _ = moe_align_block_size(topk_ids, experts, cfg.block_m, expert_map)
+    num_row_blocks = block_experts.numel()
+    act = torch.empty((sorted_ids.numel(), inter), dtype=hidden.dtype, device=hidden.device)
+    ieee = hidden.dtype == torch.float32
+    upcast = triton_interpreting()  # the CPU interpreter's bf16/fp16 dot is not exact; the GPU's is
+    up, down = cfg.up, cfg.down
+    _moe_up_kernel[_launch_grid(num_row_blocks, inter, up.block_n)](
+        hidden, hidden.stride(0), w13, w13.stride(0), w13.stride(1), act, sorted_ids, block_experts,
+        num_pairs, num_row_blocks,
+        TOP_K=top_k, H=size, I=inter, BLOCK_M=cfg.block_m, BLOCK_N=up.block_n, BLOCK_K=up.block_k,
+        GROUP_M=cfg.group_m, IEEE=ieee, UPCAST=upcast, num_warps=up.num_warps, num_stages=up.num_stages,
+    )
+    pair_out = out if top_k == 1 else torch.empty((num_pairs, size), dtype=hidden.dtype, device=hidden.device)
+    _moe_down_kernel[_launch_grid(num_row_blocks, size, down.block_n)](
+        act, w2, w2.stride(0), w2.stride(1), pair_out, weights, sorted_ids, block_experts,
+        num_pairs, num_row_blocks,
+        H=size, I=inter, BLOCK_M=cfg.block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k,
+        GROUP_M=cfg.group_m, IEEE=ieee, UPCAST=upcast, num_warps=down.num_warps, num_stages=down.num_stages,
+    )
+    if top_k > 1:
+        block_h = min(1024, triton.next_power_of_2(size))
+        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+        _moe_sum_kernel[(tokens, triton.cdiv(size, block_h))](
+            pair_out, ids, expert_map if has_map else ids, out, out.stride(0),
+            TOP_K=top_k, H=size, BLOCK_H=block_h, HAS_MAP=has_map, num_warps=4,
+        )
+    return out
