@@ -13,9 +13,8 @@ from _sglang_env import load_with_sglang
 from atom_core import catalog
 from atom_core.config import sliding_windows, text_config
 from atom_core.loader import Checkpoint
-from atom_core.quant.base import UnquantizedLinearMethod
 from atom_core.runtime.host import NativeHost
-from atom_sglang import compat
+from atom_sglang import compat, wrapper
 from atom_sglang.wrapper import PROCESSED, SGLangCausalLM
 
 pytestmark = pytest.mark.sglang
@@ -47,14 +46,17 @@ def test_sglang_builds_and_loads_every_parameter(arch, cpu_runtime, tiny_checkpo
     if arch not in tiny_checkpoints:
         pytest.skip(f"atom-sglang does not serve {arch} (see atom_sglang.capabilities)")
     path = tiny_checkpoints[arch]
-    processed: dict[int, int] = {}
-    inner = UnquantizedLinearMethod.process_weights_after_loading
+    processed: dict[int, int] = {}  # layer -> how often its quant method really converted it
+    once_per_load = wrapper._once_per_load
 
-    def counting(self, layer):
-        processed[id(layer)] = processed.get(id(layer), 0) + 1
-        inner(self, layer)
+    def counting_once_per_load(process):
+        def counted(layer):
+            processed[id(layer)] = processed.get(id(layer), 0) + 1
+            process(layer)
 
-    monkeypatch.setattr(UnquantizedLinearMethod, "process_weights_after_loading", counting)
+        return once_per_load(counted)
+
+    monkeypatch.setattr(wrapper, "_once_per_load", counting_once_per_load)
 
     model = load_with_sglang(path)
     processed_by_sglang_load = dict(processed)
