@@ -127,10 +127,11 @@ def gpu(session: nox.Session) -> None:
 # ------------------------------------------------------------------------------------ atom-sglang × SGLang
 # One session per SGLang release marked `ci = true` in ci/pins.toml [sglang] (`nox -t sglang`), run one
 # at a time, each in a fresh venv deleted at the end (measured: 5.4 GB for 0.5.21, 6.3 GB for 0.5.23;
-# 9.6 and 6.9 min on the shared 2-core machine, 0.5.21 downloading its CUDA torch stack, ~2 GB, from PyPI).  A *light install*:
-# torch + torchvision as the wheel pins them (CUDA builds; they import on a CPU machine), the SGLang
-# wheel with --no-deps, then only the pure-Python packages SGLang imports on the tested paths, all
-# constrained by the wheel's own `==` pins (an unpinned dependency would otherwise move torch).
+# 4-10 and 5-7 min on the shared 2-core machine depending on its load; 0.5.21 fetches its CUDA torch
+# stack, ~2 GB, from PyPI).  A *light install*: torch + torchvision as the wheel pins them (CUDA builds;
+# they import on a CPU machine), the SGLang wheel with --no-deps, then only the pure-Python packages
+# SGLang imports on the tested paths, all constrained by the wheel's own `==` pins (an unpinned
+# dependency would otherwise move torch).
 SGLANG = PINS.get("sglang", {})
 SGLANG_CI = [version for version, pins in SGLANG.get("versions", {}).items() if pins.get("ci")]
 # What `import sglang` and the tested paths (registry, model config, model loader, torch-native attention,
