@@ -13,7 +13,7 @@ PY="${PYTHON:-python3}"
 status=0
 what="${1:-all}"
 if [[ "$what" == all || "$what" == tests ]]; then
-  "$PY" -m pytest -q -p no:cacheprovider packages/atom-kernels/tests -x --junitxml="$OUT/kernel-tests.xml" || status=1
+  "$PY" -m pytest -q -p no:cacheprovider packages/atom-kernels/tests --junitxml="$OUT/kernel-tests.xml" || status=1
   "$PY" -m pytest -q -p no:cacheprovider packages/atom-core/tests -k "cuda" --junitxml="$OUT/core-tests.xml" || status=1
   ctx=$("$PY" -c 'import json, datetime, torch, triton; print(json.dumps({"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "torch": torch.__version__, "triton": triton.__version__}))')
   "$PY" ci/junit_summary.py "$ctx" "$OUT"/kernel-tests.xml "$OUT"/core-tests.xml > "$OUT/gpu-tests.json" || status=1

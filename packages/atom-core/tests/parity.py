@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from atom_core.runtime.runner import Runner
@@ -12,7 +14,9 @@ PROMPTS = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
 
 # fp32 on CPU: ATOM and transformers differ only in summation order (measured max |Δlogit| ≈ 6e-7).
 FP32_LOGIT_ATOL = 1e-4
-# bf16 on GPU, against the fp32 reference: bf16 weights and activations (measured on H200, see README).
+# bf16 on GPU, against the fp32 reference: the bound is the larger of this floor and twice transformers' own
+# bf16 deviation from its fp32 run on the same checkpoint (ATOM in bf16 must be as close to the fp32
+# reference as transformers in bf16 is, within a factor of two).
 BF16_LOGIT_ATOL = 0.1
 
 
@@ -35,9 +39,17 @@ def check_model(model_dir: str, hf, *, device="cpu", dtype=torch.float32, atol=F
     """Prefill logits, greedy tokens and decode log-probabilities all match the reference."""
     runner = Runner(model_dir, device=device, dtype=dtype)
     atom_logits = runner.prompt_logits(PROMPTS)
-    for prompt, got, want in zip(PROMPTS, atom_logits, reference_logits(hf, PROMPTS)):
+    want_logits = reference_logits(hf, PROMPTS)
+    hf_own = ""
+    if dtype != torch.float32:
+        hf_low = copy.deepcopy(hf).to(device=device, dtype=dtype)
+        hf_err = max((low - want).abs().max().item() for low, want in zip(reference_logits(hf_low, PROMPTS, device), want_logits))
+        atol = max(atol, 2 * hf_err)
+        hf_own = f" (transformers' own {dtype} error {hf_err:.2e})"
+        del hf_low
+    for prompt, got, want in zip(PROMPTS, atom_logits, want_logits):
         err = (got.cpu() - want).abs().max().item()
-        assert err <= atol, f"prompt of {len(prompt)} tokens: max |Δlogit| {err:.2e} > {atol}"
+        assert err <= atol, f"prompt of {len(prompt)} tokens: max |Δlogit| {err:.2e} > {atol:.2e}{hf_own}"
     outputs = runner.generate(PROMPTS, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
     for prompt, out in zip(PROMPTS, outputs):
         tokens, ref_logits = reference_greedy(hf, prompt, max_new_tokens)
@@ -47,7 +59,7 @@ def check_model(model_dir: str, hf, *, device="cpu", dtype=torch.float32, atol=F
                 # allowed only where the reference itself cannot tell the two apart at this precision
                 gap = (ref_logits[step, theirs] - ref_logits[step, mine]).item()
                 assert gap <= 2 * atol, f"step {step}: token {mine} != {theirs} (reference gap {gap:.2e})"
-                return  # the continuations diverge from here on
+                break  # the continuations diverge from here on
             lp = ref_logprobs[step, mine].item()
             assert abs(out.logprobs[step] - lp) <= atol, f"step {step}: logprob {out.logprobs[step]} vs {lp}"
     return runner

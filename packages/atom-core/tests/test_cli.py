@@ -43,3 +43,20 @@ def test_bad_token_ids_are_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--model", "x", "--prompt-token-ids", "1,a"])
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_quantize_command_and_online_generate(tiny, tmp_path, capsys):
+    model_dir = tiny("Qwen3ForCausalLM")
+    out = tmp_path / "ptpc"
+    assert main(["quantize", "--model", model_dir, "--scheme", "ptpc-fp8", "--out", str(out), "--device", "cpu"]) == 0
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "compressed-tensors"
+    capsys.readouterr()
+    args = ["--prompt-token-ids", "5,6,7", "--max-new-tokens", "3", "--dtype", "float32", "--device", "cpu",
+            "--ignore-eos", "--json"]
+    assert main(["generate", "--model", str(out), *args]) == 0
+    from_checkpoint = json.loads(capsys.readouterr().out)
+    assert main(["generate", "--model", model_dir, "--quantization", "ptpc-fp8", *args]) == 0
+    online = json.loads(capsys.readouterr().out)
+    assert from_checkpoint == online
+    with pytest.raises(SystemExit):
+        main(["quantize", "--model", model_dir, "--scheme", "int3", "--out", str(tmp_path / "x")])

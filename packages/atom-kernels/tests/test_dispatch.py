@@ -1,5 +1,6 @@
 import pytest
 import torch
+from conftest import INTERPRET
 
 from atom_kernels import dispatch
 from atom_kernels.dispatch import BackendUnavailable, candidate_backends, parse_override
@@ -18,6 +19,7 @@ def test_cpu_defaults_to_reference_without_override():
     assert candidate_backends(op, "cpu", None) == ("reference",)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="imports kernels in interpreter mode: CPU-only check")
 def test_forced_triton_on_cpu_runs_through_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     op = dispatch.OPS["silu_and_mul"]
@@ -34,6 +36,7 @@ def test_forced_unavailable_backend_is_a_clear_error(monkeypatch):
         candidate_backends(op, "cpu", "triton")
 
 
+@pytest.mark.skipif(not INTERPRET, reason="imports kernels in interpreter mode: CPU-only check")
 def test_precondition_failure_falls_back_to_reference(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv(dispatch.ENV_OVERRIDE, "triton")

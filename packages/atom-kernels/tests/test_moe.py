@@ -4,6 +4,7 @@ references (and the references against transformers' routers and a per-token loo
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import INTERPRET
 from helpers import assert_close, randn
 
 from atom_kernels import ExpertQuant, MoeKernelConfig, fused_moe, moe_align_block_size, topk_routing
@@ -236,6 +237,7 @@ def test_fused_moe_reference_is_a_per_token_mlp(rng):
     torch.testing.assert_close(fused_moe.call_backend("reference", x, w13, w2, weights, ids), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="imports kernels in interpreter mode: CPU-only check")
 def test_quantized_formats_plug_into_the_reference(rng, monkeypatch):
     """The extension point for quantized experts: a registered format is dequantized by the reference,
     and the Triton backend declines formats it has no path for (dispatch falls back)."""
@@ -322,3 +324,14 @@ def test_bench_suite_runs(device, monkeypatch):
     assert impls == ["atom-triton", "atom-triton-best", "torch-reference", "cublas-dense-bf16", "atom-routing", "atom-align"]
     assert rows[0]["rel_err"] < 2e-2 and "error" not in rows[0]
     assert rows[0]["floor_kind"] == "bytes" and rows[0]["floor_us"] > 0
+
+
+def test_fp32_tiles_fit_shared_memory():
+    from atom_kernels.ops.fused_moe.configs import CONFIGS, SHARED_MEMORY_BUDGET, SWEEP, fit_shared_memory
+
+    for cfg in [*CONFIGS.values(), *(c for configs in SWEEP.values() for c in configs)]:
+        fitted = fit_shared_memory(cfg, 4)
+        for tile, weight_tiles in ((fitted.up, 2), (fitted.down, 1)):
+            per_stage = (fitted.block_m * tile.block_k + weight_tiles * tile.block_k * tile.block_n) * 4
+            assert tile.num_stages == 1 or tile.num_stages * per_stage <= SHARED_MEMORY_BUDGET
+        assert fit_shared_memory(cfg, 2).block_m == cfg.block_m

@@ -83,24 +83,33 @@ _TINY_QWEN3_NEXT = dict(
     moe_intermediate_size=96, shared_expert_intermediate_size=128, norm_topk_prob=True, mlp_only_layers=[2],
 )
 
+# Checkpoint formats (and online schemes) every dense decoder loads through atom_core.quant:
+# quant_method fp8 (per tensor or 128x128 blocks), compressed-tensors FP8 (PTPC / tensor / block),
+# AMD Quark MXFP4; online ptpc-fp8 / fp8-block / mxfp4.
+DENSE_QUANT = ("fp8", "fp8-block", "compressed-tensors-fp8", "quark-mxfp4")
+
 ARCHITECTURES: dict[str, ArchSpec] = {
     spec.name: spec
     for spec in [
         ArchSpec(
             "LlamaForCausalLM", "atom_core.models.llama:LlamaForCausalLM", "llama",
-            "transformers:LlamaForCausalLM", "llama", tiny=dict(_TINY_DENSE, tie_word_embeddings=False),
+            "transformers:LlamaForCausalLM", "llama", quant_formats=DENSE_QUANT,
+            tiny=dict(_TINY_DENSE, tie_word_embeddings=False),
         ),
         ArchSpec(
             "MistralForCausalLM", "atom_core.models.llama:MistralForCausalLM", "llama",
-            "transformers:MistralForCausalLM", "mistral", tiny=dict(_TINY_DENSE, sliding_window=32, tie_word_embeddings=False),
+            "transformers:MistralForCausalLM", "mistral", quant_formats=DENSE_QUANT,
+            tiny=dict(_TINY_DENSE, sliding_window=32, tie_word_embeddings=False),
         ),
         ArchSpec(
             "Qwen2ForCausalLM", "atom_core.models.llama:Qwen2ForCausalLM", "qwen",
-            "transformers:Qwen2ForCausalLM", "qwen2", tiny=dict(_TINY_DENSE, tie_word_embeddings=True),
+            "transformers:Qwen2ForCausalLM", "qwen2", quant_formats=DENSE_QUANT,
+            tiny=dict(_TINY_DENSE, tie_word_embeddings=True),
         ),
         ArchSpec(
             "Qwen3ForCausalLM", "atom_core.models.llama:Qwen3ForCausalLM", "qwen",
-            "transformers:Qwen3ForCausalLM", "qwen3", tiny=dict(_TINY_DENSE, tie_word_embeddings=False),
+            "transformers:Qwen3ForCausalLM", "qwen3", quant_formats=DENSE_QUANT,
+            tiny=dict(_TINY_DENSE, tie_word_embeddings=False),
         ),
         ArchSpec(
             "Qwen3MoeForCausalLM", "atom_core.models.qwen_moe:Qwen3MoeForCausalLM", "qwen_moe",

@@ -1,4 +1,4 @@
-"""The ``atom`` command: ``generate``, ``env`` and ``make-tiny``."""
+"""The ``atom`` command: ``generate``, ``env``, ``make-tiny`` and ``quantize``."""
 
 from __future__ import annotations
 
@@ -109,6 +109,14 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from atom_core.quant.quantize import quantize_checkpoint
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    print(quantize_checkpoint(args.model, args.out, args.scheme, device=device))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atom", description="ATOM: run LLMs natively, or inspect the install")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     gen.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
-    gen.add_argument("--quantization", default=None, help="quantize an unquantized checkpoint at load (e.g. ptpc-fp8)")
+    gen.add_argument("--quantization", default=None, choices=["ptpc-fp8", "fp8-block", "mxfp4"],
+                     help="quantize an unquantized checkpoint's linear layers at load")
     gen.add_argument("--json", action="store_true", help='one {"token_ids", "logprobs"} object per prompt')
     gen.set_defaults(func=cmd_generate)
 
@@ -141,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--max-shard-size", default=None, help="e.g. 200KB, to write a sharded checkpoint")
     tiny.set_defaults(func=cmd_make_tiny)
+
+    quant = sub.add_parser("quantize", help="write a quantized copy of an unquantized checkpoint")
+    quant.add_argument("--model", required=True, help="unquantized checkpoint directory")
+    quant.add_argument("--scheme", required=True, choices=["fp8-block", "ptpc-fp8", "mxfp4"],
+                       help="fp8-block: quant_method fp8, 128x128 blocks; ptpc-fp8: compressed-tensors "
+                            "channel/token; mxfp4: AMD Quark MXFP4 weight-only")
+    quant.add_argument("--out", required=True, help="directory to write")
+    quant.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where to encode (default: cuda if present)")
+    quant.set_defaults(func=cmd_quantize)
     return parser
 
 

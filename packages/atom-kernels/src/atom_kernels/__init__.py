@@ -5,10 +5,14 @@ from atom_kernels.dispatch import OPS, describe
 from atom_kernels.ops.causal_conv1d import causal_conv1d
 from atom_kernels.ops.causal_conv1d_update import causal_conv1d_update
 from atom_kernels.ops.chunk_gated_delta_rule import chunk_gated_delta_rule
+from atom_kernels.ops.fp8_block_mm import fp8_block_mm
+from atom_kernels.ops.fp8_scaled_mm import fp8_scaled_mm
 from atom_kernels.ops.fused_moe import ExpertQuant, MoeKernelConfig, fused_moe
 from atom_kernels.ops.fused_recurrent_gated_delta_rule import fused_recurrent_gated_delta_rule
 from atom_kernels.ops.moe_align import moe_align_block_size
 from atom_kernels.ops.mrope import mrope
+from atom_kernels.ops.mxfp4_mm import mxfp4_mm
+from atom_kernels.ops.quant_fp8 import quant_fp8
 from atom_kernels.ops.rms_norm import rms_norm
 from atom_kernels.ops.rms_norm_gated import rms_norm_gated
 from atom_kernels.ops.rotary_embedding import rotary_embedding
@@ -19,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "OPS", "ExpertQuant", "MoeKernelConfig", "describe", "causal_conv1d", "causal_conv1d_update", "chunk_gated_delta_rule",
-    "fused_moe", "fused_recurrent_gated_delta_rule", "moe_align_block_size", "mrope", "rms_norm", "rms_norm_gated",
-    "rotary_embedding", "silu_and_mul", "topk_routing", "__version__",
+    "fp8_block_mm", "fp8_scaled_mm", "fused_moe", "fused_recurrent_gated_delta_rule", "moe_align_block_size", "mrope",
+    "mxfp4_mm", "quant_fp8", "rms_norm", "rms_norm_gated", "rotary_embedding", "silu_and_mul", "topk_routing",
+    "__version__",
 ]

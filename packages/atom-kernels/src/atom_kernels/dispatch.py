@@ -1,7 +1,9 @@
 """Backend choice for every op.
 
-Order of preference: ``aiter`` (ROCm, when the ``aiter`` package imports) > ``triton`` (any GPU, or the
-CPU through ``TRITON_INTERPRET=1`` when asked for explicitly) > ``reference`` (plain torch, anywhere).
+Order of preference: ``aiter`` (ROCm, when the ``aiter`` package imports) > ``torch`` (a vendor library
+reached through torch, e.g. cuBLASLt's ``torch._scaled_mm``; GPU tensors only; only ops that declare it)
+> ``triton`` (any GPU, or the CPU through ``TRITON_INTERPRET=1`` when asked for explicitly) >
+``reference`` (plain torch, anywhere).
 
 ``ATOM_KERNEL_BACKEND`` overrides the choice: either one backend for every op (``triton``) or a
 comma-separated list of ``op=backend`` pairs (``rms_norm=reference,silu_and_mul=triton``), optionally
@@ -28,7 +30,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-BACKENDS: tuple[str, ...] = ("aiter", "triton", "reference")
+BACKENDS: tuple[str, ...] = ("aiter", "torch", "triton", "reference")
+# What an op has unless it declares otherwise (``torch`` is opt-in: few ops have a vendor library path).
+DEFAULT_BACKENDS: tuple[str, ...] = ("aiter", "triton", "reference")
 ENV_OVERRIDE = "ATOM_KERNEL_BACKEND"
 
 
@@ -60,6 +64,8 @@ def backend_unavailable_reason(backend: str, device_type: str) -> str | None:
         if not _aiter_present():
             return "aiter needs a ROCm build of torch and the aiter package"
         return None
+    if backend == "torch":
+        return None if device_type == "cuda" else "the torch backend runs only on GPU tensors"
     if backend == "triton":
         if not _triton_present():
             return "the triton package is not installed"
@@ -169,7 +175,7 @@ def _device_type(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 OPS: dict[str, Op] = {}
 
 
-def register_op(name: str, package: str, backends: tuple[str, ...] = BACKENDS) -> Op:
+def register_op(name: str, package: str, backends: tuple[str, ...] = DEFAULT_BACKENDS) -> Op:
     """Declare an op; its backend modules are imported on first use."""
     op = Op(name=name, package=package, backends=tuple(b for b in BACKENDS if b in backends))
     OPS[name] = op

@@ -41,6 +41,9 @@ class QuantConfig:
     """A parsed ``quantization_config``.  Subclasses register under their ``quant_method`` names."""
 
     name: str = ""
+    # The model's fused modules and the checkpoint modules each is made of (``{"qkv_proj": ["q_proj",
+    # "k_proj", "v_proj"]}``): exclusion lists name checkpoint modules.  Set by parse_quant_config.
+    packed_modules_mapping: dict[str, list[str]] = {}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> QuantConfig:
@@ -67,9 +70,11 @@ def supported_schemes() -> list[str]:
     return sorted(_SCHEMES)
 
 
-def parse_quant_config(hf_config: Any, online: str | None = None) -> QuantConfig | None:
+def parse_quant_config(hf_config: Any, online: str | None = None,
+                       packed_modules: dict[str, list[str]] | None = None) -> QuantConfig | None:
     """The scheme of a checkpoint's ``quantization_config`` (None when unquantized), or, with
-    ``online``, the scheme that quantizes an unquantized checkpoint's weights at load."""
+    ``online``, the scheme that quantizes an unquantized checkpoint's weights at load.
+    ``packed_modules``: the model's ``packed_modules_mapping`` (how exclusions reach fused layers)."""
     qcfg = getattr(hf_config, "quantization_config", None)
     if qcfg and not isinstance(qcfg, dict):
         qcfg = qcfg.to_dict()
@@ -87,4 +92,6 @@ def parse_quant_config(hf_config: Any, online: str | None = None) -> QuantConfig
         raise UnsupportedQuantizationError(
             f"unsupported quantization scheme {method!r}; supported: {', '.join(supported_schemes()) or 'none'}"
         )
-    return _SCHEMES[method].from_config(qcfg)
+    config = _SCHEMES[method].from_config(qcfg)
+    config.packed_modules_mapping = dict(packed_modules or {})
+    return config

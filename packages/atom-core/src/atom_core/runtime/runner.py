@@ -42,7 +42,8 @@ class Runner:
         self.block_size = block_size
         self.hf_config = load_hf_config(self.model_dir)
         self.spec = catalog.resolve(self.hf_config)
-        quant = parse_quant_config(self.hf_config, online=quantization)
+        quant = parse_quant_config(self.hf_config, online=quantization,
+                                   packed_modules=self.spec.model_class().packed_modules_mapping())
         self.host = NativeHost(tp=tp, quant=quant)
         with torch.device(self.device), _default_dtype(dtype):
             self.model = self.spec.model_class()(self.hf_config, self.host)

@@ -10,7 +10,9 @@
   expert another rank holds (expert parallelism).  Without it ``topk_ids`` index ``w13``/``w2`` directly.
 * ``quant``: optional :class:`ExpertQuant` when ``w13``/``w2`` are quantized (format + scales); None
   for plain fp32/fp16/bf16 weights.  Backends without a path for a format decline it (dispatch falls
-  back to the reference, which dequantizes through the format's registered function).
+  back to the reference, which dequantizes through the format's registered function).  Formats:
+  ``fp8-block`` (the inputs of both GEMMs are quantized per token per 128 columns, the SiLU-and-mul
+  rows after their rounding to hidden's dtype) and ``mxfp4`` (weight-only); see ``expert_formats``.
 * ``config``: optional :class:`MoeKernelConfig` overriding the Triton kernel's tiles (benchmarks).
 
 ``out[t] = Σ_j topk_weights[t, j] · w2[e] (silu(w13[e, :I] h_t) ⊙ (w13[e, I:] h_t))`` with
@@ -21,6 +23,7 @@ the sum over k, and the sum is rounded once.  ``out`` has ``hidden``'s dtype and
 """
 
 from atom_kernels.dispatch import register_op
+from atom_kernels.ops.fused_moe import expert_formats  # noqa: E402,F401  (registers fp8-block and mxfp4)
 from atom_kernels.ops.fused_moe.configs import CONFIGS, GemmTile, MoeKernelConfig, config_for
 from atom_kernels.ops.fused_moe.weights import ExpertQuant, dequantize_expert, register_expert_format
 

@@ -88,3 +88,20 @@ def shape_class(num_pairs: int, num_experts: int) -> str:
 
 def config_for(num_pairs: int, num_experts: int) -> MoeKernelConfig:
     return CONFIGS[shape_class(num_pairs, num_experts)]
+
+
+SHARED_MEMORY_BUDGET = 200 * 1024  # bytes per block (H100/H200 allow 227 KiB; leave room for the epilogue)
+
+
+def _fit(tile: GemmTile, block_m: int, weight_tiles: int, elem_bytes: int) -> GemmTile:
+    """``tile`` with as many pipeline stages as fit the shared-memory budget (at least 1)."""
+    per_stage = (block_m * tile.block_k + weight_tiles * tile.block_k * tile.block_n) * elem_bytes
+    stages = max(1, min(tile.num_stages, SHARED_MEMORY_BUDGET // per_stage))
+    return tile if stages == tile.num_stages else GemmTile(tile.block_n, tile.block_k, tile.num_warps, stages)
+
+
+def fit_shared_memory(cfg: MoeKernelConfig, elem_bytes: int) -> MoeKernelConfig:
+    """The tiles were sized for 2-byte activations; wider elements (fp32) get fewer pipeline stages."""
+    up = _fit(cfg.up, cfg.block_m, 2, elem_bytes)  # gate and up weight tiles
+    down = _fit(cfg.down, cfg.block_m, 1, elem_bytes)
+    return cfg if (up, down) == (cfg.up, cfg.down) else MoeKernelConfig(cfg.block_m, up, down, cfg.group_m)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from atom_kernels.ops.fused_moe.weights import dequantize_expert
+from atom_kernels.ops.fused_moe.weights import dequantize_expert, quantize_activation
 
 
 def check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant) -> None:
@@ -41,9 +41,9 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant
             continue
         gate_up = dequantize_expert(w13, quant.w13_scale if quant else None, expert, quant)
         down = dequantize_expert(w2, quant.w2_scale if quant else None, expert, quant)
-        x = hidden[token].float()
+        x = quantize_activation(hidden[token].float(), quant)
         gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-        act = (F.silu(gate) * up).to(hidden.dtype).float()
+        act = quantize_activation((F.silu(gate) * up).to(hidden.dtype).float(), quant)
         y = F.linear(act, down) * topk_weights[token, slot].float()[:, None]
         out.index_add_(0, token, y)
     return out.to(hidden.dtype)

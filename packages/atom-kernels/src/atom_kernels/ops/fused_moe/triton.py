@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.dispatch import triton_interpreting
-from atom_kernels.ops.fused_moe.configs import MoeKernelConfig, config_for
+from atom_kernels.ops.fused_moe.configs import MoeKernelConfig, config_for, fit_shared_memory
 from atom_kernels.ops.fused_moe.reference import check_args
 from atom_kernels.ops.moe_align.triton import moe_align_block_size
 
@@ -30,8 +30,10 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None) -> str | None:
-    if quant is not None:
-        return f"the Triton fused MoE has no {quant.format!r} expert-weight path yet"
+    if quant is not None:  # quantized experts: triton_quant's kernels
+        from atom_kernels.ops.fused_moe.triton_quant import unsupported_quant
+
+        return unsupported_quant(hidden, w13, w2, quant, config)
     if hidden.dtype not in DTYPES or w13.dtype != hidden.dtype or w2.dtype != hidden.dtype:
         return f"hidden {hidden.dtype}, w13 {w13.dtype}, w2 {w2.dtype}: expects one of {DTYPES} for all three"
     if w13.dim() != 3 or w2.dim() != 3 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
@@ -170,6 +172,10 @@ def _launch_grid(num_row_blocks: int, cols: int, block_n: int) -> tuple[int]:
 def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None,
               config: MoeKernelConfig | None = None):
     check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant)
+    if quant is not None:
+        from atom_kernels.ops.fused_moe.triton_quant import fused_moe_quant
+
+        return fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, expert_map=expert_map, quant=quant, config=config)
     tokens, size = hidden.shape
     top_k = topk_ids.shape[1]
     experts, two_inter, _ = w13.shape
@@ -179,7 +185,7 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant
     out = (torch.zeros if has_map and top_k == 1 else torch.empty)(hidden.shape, dtype=hidden.dtype, device=hidden.device)
     if num_pairs == 0:
         return out
-    cfg = config or config_for(num_pairs, experts)
+    cfg = fit_shared_memory(config or config_for(num_pairs, experts), hidden.element_size())
     if hidden.stride(-1) != 1:
         hidden = hidden.contiguous()
     weights = topk_weights.reshape(-1)

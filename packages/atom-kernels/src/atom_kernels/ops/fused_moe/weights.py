@@ -35,10 +35,22 @@ class ExpertQuant:
 # name -> dequantize(weight_e, scale_e, quant) -> fp32 [out, in] matrix of one expert
 Dequantizer = Callable[[torch.Tensor, "torch.Tensor | None", ExpertQuant], torch.Tensor]
 EXPERT_FORMATS: dict[str, Dequantizer] = {}
+# name -> the rounding a format applies to a GEMM's input rows at run time (fp32 [rows, K] -> fp32)
+ActivationQuant = Callable[[torch.Tensor, ExpertQuant], torch.Tensor]
+EXPERT_ACTIVATIONS: dict[str, ActivationQuant] = {}
 
 
-def register_expert_format(name: str, dequantize: Dequantizer) -> None:
+def register_expert_format(name: str, dequantize: Dequantizer, activation: ActivationQuant | None = None) -> None:
     EXPERT_FORMATS[name] = dequantize
+    if activation is not None:
+        EXPERT_ACTIVATIONS[name] = activation
+
+
+def quantize_activation(x: torch.Tensor, quant: ExpertQuant | None) -> torch.Tensor:
+    """``x`` (fp32 rows entering an expert GEMM) as the format's kernels see it."""
+    if quant is None or quant.format not in EXPERT_ACTIVATIONS:
+        return x
+    return EXPERT_ACTIVATIONS[quant.format](x, quant)
 
 
 def dequantize_expert(weights: torch.Tensor, scales: torch.Tensor | None, expert: int,

@@ -1,0 +1,235 @@
+"""``atom quantize``: write a quantized copy of an unquantized checkpoint.
+
+Which tensors are quantized comes from the model itself: the catalog class is built on the ``meta``
+device and every checkpoint tensor its weight mapper places into a linear layer's ``weight`` (or a
+per-expert projection of an MoE layer) is encoded, per checkpoint tensor (per shard of a fused layer,
+per expert projection); embeddings, norms, routers, the LM head and biases are copied as they are.
+A layer whose shapes the format cannot hold (block boundaries inside a fused layer, sizes not a
+multiple of 32, experts of an intermediate size not a multiple of 128 for FP8 blocks; every MoE
+layer under ptpc-fp8, which has no expert format) is left unquantized.  Every 2-D weight left
+unquantized is listed in the config's exclusions, so hosts that quantize all linear-like modules
+(vLLM's router gates) skip it too.  Shards, tokenizer and other files are kept.
+
+Formats written, each readable by ATOM and, where the format allows, by vLLM / SGLang:
+
+* ``fp8-block``: ``quant_method: fp8`` with ``weight_block_size [128, 128]`` (DeepSeek-V3 style;
+  ``weight`` fp8 + ``weight_scale_inv`` fp32);
+* ``ptpc-fp8``: compressed-tensors ``float-quantized``, channel weights / dynamic token activations
+  (``weight`` fp8 + ``weight_scale`` fp32 ``[N, 1]``);
+* ``mxfp4``: AMD Quark MXFP4 weight-only (``weight`` uint8 ``[N, K/2]`` + ``weight_scale`` e8m0 bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from atom_core import catalog
+from atom_core.config import load_hf_config
+from atom_core.errors import UnsupportedQuantizationError
+from atom_core.loader import Checkpoint
+from atom_core.loader.checkpoint import INDEX_FILE
+
+logger = logging.getLogger(__name__)
+
+BLOCK = (128, 128)
+MX_GROUP = 32
+
+
+def _fp8_block(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    from atom_kernels.formats import quantize_fp8_blocks
+
+    q, s = quantize_fp8_blocks(w, BLOCK)
+    return {"weight": q, "weight_scale_inv": s}
+
+
+def _ptpc(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    from atom_kernels.formats import quantize_fp8_per_row
+
+    q, s = quantize_fp8_per_row(w)
+    return {"weight": q, "weight_scale": s}
+
+
+def _mxfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    from atom_kernels.formats import quantize_mxfp4
+
+    packed, scales = quantize_mxfp4(w)
+    return {"weight": packed, "weight_scale": scales}
+
+
+def _fp8_block_fits(shard_sizes: list[int], input_size: int) -> bool:
+    """Block scales of a fused layer split only at block edges: every shard but the last must be
+    a whole number of 128-row blocks."""
+    return all(size % BLOCK[0] == 0 for size in shard_sizes[:-1])
+
+
+def _mxfp4_fits(shard_sizes: list[int], input_size: int) -> bool:
+    return input_size % MX_GROUP == 0
+
+
+def _fp8_block_config(excluded: list[str]) -> dict[str, Any]:
+    config: dict[str, Any] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                              "weight_block_size": list(BLOCK)}
+    if excluded:
+        config["ignored_layers"] = excluded
+        config["modules_to_not_convert"] = excluded
+    return config
+
+
+def _ptpc_config(excluded: list[str]) -> dict[str, Any]:
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "format": "float-quantized",
+                "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel",
+                            "dynamic": False, "group_size": None, "observer": "minmax"},
+                "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                                      "dynamic": True, "group_size": None, "observer": None},
+                "output_activations": None,
+            }
+        },
+        "ignore": sorted({"lm_head", *excluded}),
+        "kv_cache_scheme": None,
+    }
+
+
+def _mxfp4_config(excluded: list[str]) -> dict[str, Any]:
+    return {
+        "quant_method": "quark",
+        "global_quant_config": {
+            "weight": {"dtype": "fp4", "qscheme": "per_group", "group_size": MX_GROUP, "ch_axis": -1,
+                       "scale_format": "e8m0", "is_dynamic": False, "symmetric": None},
+            "input_tensors": None,
+            "output_tensors": None,
+            "bias": None,
+        },
+        "layer_quant_config": {},
+        "layer_type_quant_config": {},
+        "exclude": sorted({"lm_head", *excluded}),
+        "export": {"kv_cache_group": [], "pack_method": "reorder", "weight_format": "real_quantized",
+                   "weight_merge_groups": None},
+        "quant_mode": "eager_mode",
+    }
+
+
+def _fp8_block_experts_fit(hidden: int, inter: int) -> bool:
+    return inter % BLOCK[0] == 0  # gate and up blocks stack without straddling (vLLM requires it too)
+
+
+def _mxfp4_experts_fit(hidden: int, inter: int) -> bool:
+    return hidden % MX_GROUP == 0 and inter % MX_GROUP == 0
+
+
+# scheme -> (encode one [N, K] weight, does a linear layer fit, do a layer's experts fit (None: the
+# format has no expert kernel, experts stay unquantized), the quantization_config to write)
+SCHEMES: dict[str, tuple[Callable, Callable, Callable | None, Callable]] = {
+    "fp8-block": (_fp8_block, _fp8_block_fits, _fp8_block_experts_fit, _fp8_block_config),
+    "ptpc-fp8": (_ptpc, lambda sizes, k: True, None, _ptpc_config),
+    "mxfp4": (_mxfp4, _mxfp4_fits, _mxfp4_experts_fit, _mxfp4_config),
+}
+
+
+def model_layers(hf_config: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """``{prefix: layer}`` of every linear layer and every MoE expert layer of the catalog model (built
+    on the meta device), and the model's weight mapper."""
+    from atom_core.layers.linear import LinearBase
+    from atom_core.layers.moe import FusedMoE
+    from atom_core.runtime.host import NativeHost
+
+    spec = catalog.resolve(hf_config)
+    with torch.device("meta"):
+        model = spec.model_class()(hf_config, NativeHost())
+    modules = dict(model.named_modules())
+    linears = {name: m for name, m in modules.items() if isinstance(m, LinearBase)}
+    experts = {name: m for name, m in modules.items() if isinstance(m, FusedMoE)}
+    return linears, experts, model.mapper()
+
+
+def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str, *,
+                        device: str = "cpu") -> Path:
+    """Write ``model_dir`` quantized with ``scheme`` to ``out_dir``; returns ``out_dir``."""
+    if scheme not in SCHEMES:
+        raise UnsupportedQuantizationError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    encode, fits, experts_fit, make_config = SCHEMES[scheme]
+    src, out = Path(model_dir), Path(out_dir)
+    if src.resolve() == out.resolve():
+        raise ValueError("--out must differ from --model")
+    hf_config = load_hf_config(src)
+    if getattr(hf_config, "quantization_config", None):
+        raise UnsupportedQuantizationError(f"{src} is already quantized; atom quantize takes an unquantized checkpoint")
+    layers, expert_layers, mapper = model_layers(hf_config)
+    excluded_layers = {prefix for prefix, layer in layers.items()
+                       if not fits(layer.checkpoint_shard_sizes(), layer.input_size)}
+    excluded_layers |= {prefix for prefix, layer in expert_layers.items()
+                        if experts_fit is None or not experts_fit(layer.hidden_size, layer.intermediate_size)}
+    layers = {**layers, **expert_layers}
+    excluded: set[str] = set()
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = Checkpoint(src)
+    files = checkpoint.files
+    weight_map: dict[str, str] = {}
+    pending: dict[str, dict[str, torch.Tensor]] = {file: {} for file in files}
+    remaining = {file: sum(1 for f in checkpoint.weight_map.values() if f == file) for file in files}
+    quantized = 0
+    # tensors() reads file by file; each output file is written as soon as its last tensor is in
+    for name, lazy in tqdm(checkpoint.tensors(progress=False), total=len(checkpoint.weight_map),
+                           desc=f"quantizing ({scheme})", unit="tensor", disable=len(files) < 2):
+        file = checkpoint.weight_map[name]
+        tensors = pending[file]
+        layer = _weight_target(name, mapper, layers)
+        tensor = lazy.to_tensor()
+        if layer is None or layer in excluded_layers:
+            tensors[name] = tensor
+            if layer in expert_layers:
+                excluded.add(layer)  # the experts module, as hosts name it
+            elif tensor.dim() == 2 and name.endswith(".weight"):
+                excluded.add(name[: -len(".weight")])  # linear layers and anything a host might take for one
+        else:
+            module = name[: -len(".weight")]
+            for suffix, value in encode(tensor.to(device)).items():
+                tensors[f"{module}.{suffix}"] = value.cpu().contiguous()
+            quantized += 1
+        remaining[file] -= 1
+        if remaining[file] == 0:
+            save_file(tensors, str(out / file), metadata={"format": "pt"})
+            weight_map.update({key: file for key in tensors})
+            pending[file] = {}
+    if len(files) > 1 or (src / INDEX_FILE).is_file():
+        total = sum((out / f).stat().st_size for f in files)
+        (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = make_config(sorted(excluded))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for path in src.iterdir():
+        if path.is_file() and path.suffix != ".safetensors" and path.name not in ("config.json", INDEX_FILE):
+            shutil.copy2(path, out / path.name)
+    logger.info("quantized %d weights with %s into %s (%d modules left unquantized)", quantized, scheme, out, len(excluded))
+    return out
+
+
+def _weight_target(name: str, mapper: Any, layers: dict[str, Any]) -> str | None:
+    """The layer (linear, or MoE experts for a per-expert projection) whose weight matrix a checkpoint
+    tensor is; None for anything else (stacked expert tensors are copied as they are)."""
+    if not name.endswith(".weight"):
+        return None
+    targets = mapper.map(name)
+    if not targets or len(targets) != 1:
+        return None
+    param, shard = targets[0].param, targets[0].shard_id
+    for suffix in (".weight", ".w13_weight", ".w2_weight"):
+        if param.endswith(suffix) and (suffix == ".weight" or isinstance(shard, tuple)):
+            prefix = param[: -len(suffix)]
+            return prefix if prefix in layers else None
+    return None

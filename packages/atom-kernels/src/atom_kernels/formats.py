@@ -1,0 +1,155 @@
+"""Number formats of quantized weights and activations, in plain torch: the specification the
+kernels decode and the checkpoint writers encode.
+
+* **FP8 e4m3** (``torch.float8_e4m3fn``, largest finite 448): a scaled tensor ``q`` with dequantized
+  value ``q * scale``; the scale covers one tensor, one output channel (row), or one block.
+  Encoding divides by the scale, clamps to ±448 and rounds to nearest even (what ``.to(float8)``
+  and the GPU's ``cvt.rn.satfinite`` do).
+* **MXFP4** (OCP microscaling): e2m1 codes, 4 bits each (bit 3 sign, bits 2-1 exponent, bit 0
+  mantissa; magnitudes ``{0, 0.5, 1, 1.5, 2, 3, 4, 6}``), two per byte with element ``2i`` in the low
+  nibble, and one e8m0 scale byte ``e`` (value ``2**(e-127)``; 255 is NaN) per 32 consecutive
+  elements along the last dim.  ``packed [N, K/2]`` uint8 and ``scales [N, K/32]`` uint8.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+# The smallest dynamic scale: an all-zero row quantizes to zeros instead of dividing by zero.
+FP8_MIN_AMAX = 1e-10
+
+MX_GROUP = 32
+E2M1_MAX = 6.0
+# Magnitudes of the 8 non-negative e2m1 codes; codes 8-15 are their negatives.
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_VALUES = torch.tensor(E2M1_MAGNITUDES + tuple(-v for v in E2M1_MAGNITUDES), dtype=torch.float32)
+# Midpoints between consecutive magnitudes: the rounding boundaries of the encoder.
+_E2M1_MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------------------- FP8
+def fp8_encode(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``round(clamp(x * (1 / scale), ±448))`` as e4m3; ``scale`` broadcasts against ``x``.  The
+    reciprocal is taken once (IEEE fp32 division) and multiplied in, which a GPU kernel reproduces
+    exactly."""
+    return (x.float() * torch.reciprocal(scale.float())).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def fp8_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """The dynamic scale that maps ``amax`` onto 448 (fp32, never zero)."""
+    return amax.float().clamp_min(FP8_MIN_AMAX) * (1.0 / FP8_MAX)
+
+
+def quantize_fp8_per_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale for the whole tensor: ``(q, scale [])``."""
+    scale = fp8_scale_from_amax(w.abs().amax())
+    return fp8_encode(w, scale), scale
+
+
+def quantize_fp8_per_row(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per row (output channel of a ``[N, K]`` weight, or token of an activation):
+    ``(q, scale [N, 1])``."""
+    scale = fp8_scale_from_amax(w.abs().amax(dim=-1, keepdim=True))
+    return fp8_encode(w, scale), scale
+
+
+def quantize_fp8_per_group(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per row and per ``group_size`` consecutive columns (the last group may be short):
+    ``(q, scale [..., ceil(K / group_size)])``."""
+    k = x.shape[-1]
+    groups = -(-k // group_size)
+    padded = torch.nn.functional.pad(x.float(), (0, groups * group_size - k))
+    grouped = padded.reshape(*x.shape[:-1], groups, group_size)
+    scale = fp8_scale_from_amax(grouped.abs().amax(dim=-1))
+    q = fp8_encode(grouped, scale[..., None]).reshape(*x.shape[:-1], groups * group_size)[..., :k]
+    return q.contiguous(), scale
+
+
+def expand_blocks(scale: torch.Tensor, block: tuple[int, int], shape: tuple[int, int]) -> torch.Tensor:
+    """A ``[ceil(N/bn), ceil(K/bk)]`` block-scale grid repeated to the ``[N, K]`` elements it covers."""
+    bn, bk = block
+    return scale.repeat_interleave(bn, dim=0)[: shape[0]].repeat_interleave(bk, dim=1)[:, : shape[1]]
+
+
+def quantize_fp8_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 block quantization of a ``[N, K]`` weight: ``(q, scale_inv [ceil(N/bn), ceil(K/bk)])``
+    where ``scale_inv`` is the dequantization *multiplier* of each ``bn x bk`` block."""
+    n, k = w.shape
+    bn, bk = block
+    nb, kb = -(-n // bn), -(-k // bk)
+    padded = torch.nn.functional.pad(w.float(), (0, kb * bk - k, 0, nb * bn - n))
+    amax = padded.reshape(nb, bn, kb, bk).abs().amax(dim=(1, 3))
+    scale = fp8_scale_from_amax(amax)
+    return fp8_encode(w, expand_blocks(scale, block, (n, k))), scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``q * scale`` with ``scale`` broadcasting (scalar, ``[N, 1]`` or already expanded)."""
+    return (q.float() * scale.float()).to(dtype)
+
+
+def dequantize_fp8_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = (128, 128),
+                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return dequantize_fp8(q, expand_blocks(scale_inv.float(), block, tuple(q.shape)), dtype)
+
+
+# ---------------------------------------------------------------------------------------- MXFP4
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[..., K/2]`` -> codes uint8 ``[..., K]`` (element 2i from the low nibble)."""
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """codes uint8 ``[..., K]`` (K even) -> uint8 ``[..., K/2]``, element 2i in the low nibble."""
+    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
+
+
+def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
+    """e8m0 bytes -> fp32 ``2**(e-127)`` (255 -> NaN, as the format defines)."""
+    e = scales.view(torch.uint8).to(torch.int32)
+    value = torch.ldexp(torch.ones_like(e, dtype=torch.float32), e - 127)
+    return torch.where(e == 255, torch.full_like(value, float("nan")), value)
+
+
+def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``packed [..., K/2]`` uint8 and ``scales [..., K/32]`` e8m0 -> values ``[..., K]``."""
+    codes = unpack_e2m1(packed.view(torch.uint8))
+    values = E2M1_VALUES.to(codes.device)[codes.long()]
+    k = values.shape[-1]
+    if scales.shape[-1] * MX_GROUP != k:
+        raise ValueError(f"MXFP4 scales {tuple(scales.shape)} do not cover {k} elements in groups of {MX_GROUP}")
+    factor = e8m0_to_float(scales).repeat_interleave(MX_GROUP, dim=-1)
+    return (values * factor).to(dtype)
+
+
+def mxfp4_scale_exponents(amax: torch.Tensor) -> torch.Tensor:
+    """The e8m0 exponent (unbiased) of each group: ``floor(log2(amax)) - 2`` puts the largest element
+    in [4, 8); when it would round past 6 (``>= 7``) the exponent goes up by one instead of clipping."""
+    mantissa, exponent = torch.frexp(amax.float())  # amax = mantissa * 2**exponent, mantissa in [0.5, 1)
+    e = exponent - 3  # floor(log2(amax)) - 2
+    return torch.where(mantissa * 8 >= 7, e + 1, e)  # amax / 2**e = mantissa * 8; >= 7 would round past 6
+
+
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[..., K]`` (K a multiple of 32) -> ``(packed [..., K/2] uint8, scales [..., K/32] uint8)``;
+    round to nearest, ties to the even code."""
+    k = w.shape[-1]
+    if k % MX_GROUP:
+        raise ValueError(f"MXFP4 needs the last dim to be a multiple of {MX_GROUP}, got {k}")
+    grouped = w.float().reshape(*w.shape[:-1], k // MX_GROUP, MX_GROUP)
+    amax = grouped.abs().amax(dim=-1)
+    exponent = mxfp4_scale_exponents(amax).clamp(-127, 127)
+    exponent = torch.where(amax > 0, exponent, torch.full_like(exponent, -127))
+    scaled = grouped / torch.ldexp(torch.ones_like(amax), exponent)[..., None]
+    magnitude = scaled.abs()
+    bounds = _E2M1_MIDPOINTS.to(w.device)
+    low = torch.bucketize(magnitude, bounds, right=False)  # ties go to the smaller magnitude
+    high = torch.bucketize(magnitude, bounds, right=True)  # ties go to the larger one
+    code = torch.where(low % 2 == 0, low, high)  # a tie picks the even code (mantissa bit 0)
+    code = code | ((scaled < 0) & (code != 0)).to(code.dtype) << 3
+    packed = pack_e2m1(code.to(torch.uint8).reshape(*w.shape[:-1], k))
+    return packed, (exponent + 127).to(torch.uint8)

@@ -1,0 +1,263 @@
+"""Triton fused MoE over quantized experts (``fp8-block``, ``mxfp4``; see ``expert_formats``).
+
+Same pipeline as ``triton.py`` (align, gate|up GEMM + SiLU-and-mul, down GEMM x routing weight, sum
+over k) with the GEMMs computed *swapped*: each program's accumulator is ``[weight rows, token rows]``,
+so the weight (the large, streamed operand) fills the MMA's 64-row side and a decode-sized run of
+16 token rows its narrow side, as in ``fp8_block_mm`` / ``mxfp4_mm``.
+
+* ``fp8-block``: the hidden states are quantized per token per 128 columns once (``quant_fp8``); each
+  K step of 128 multiplies one weight block by one activation group and scales the partial product by
+  both scales; the SiLU-and-mul rows are quantized the same way before the down GEMM.
+* ``mxfp4``: weights decoded in registers by ``mxfp4_mm``'s ``decode_mxfp4_tile`` (bf16 MMA),
+  activations stay in hidden's dtype.
+
+Loop bounds are compile-time constants (H, I, tiles); row counts only size grids (CUDA-graph safe).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.dispatch import triton_interpreting
+from atom_kernels.ops.fused_moe.configs import GemmTile, MoeKernelConfig, shape_class
+from atom_kernels.ops.fused_moe.triton import _grid_position, _moe_sum_kernel
+from atom_kernels.ops.moe_align.triton import moe_align_block_size
+from atom_kernels.ops.mxfp4_mm.triton import _SHIFT, decode_mxfp4_tile, to_mma_order
+
+FP8_BLOCK, MXFP4 = 0, 1
+FORMATS = {"fp8-block": FP8_BLOCK, "mxfp4": MXFP4}
+SCALE_BLOCK = 128
+
+# block_m = token rows per program (the MMA's narrow side); up/down: (weight rows, K step) per program.
+QUANT_CONFIGS: dict[str, MoeKernelConfig] = {
+    "decode": MoeKernelConfig(16, GemmTile(64, 128, 4, 4), GemmTile(64, 128, 4, 4), group_m=1),
+    "small": MoeKernelConfig(16, GemmTile(64, 128, 4, 4), GemmTile(64, 128, 4, 4), group_m=1),
+    "medium": MoeKernelConfig(32, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 4, 3), group_m=8),
+    "large": MoeKernelConfig(64, GemmTile(128, 128, 8, 3), GemmTile(128, 128, 8, 3), group_m=8),
+}
+
+
+# Decode-shape alternatives the bench times (merged over QUANT_CONFIGS["decode"]).
+QUANT_SWEEP: tuple[MoeKernelConfig, ...] = (
+    MoeKernelConfig(16, GemmTile(64, 256, 4, 3), GemmTile(64, 256, 4, 3), group_m=1),
+    MoeKernelConfig(16, GemmTile(128, 128, 8, 4), GemmTile(128, 128, 8, 4), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 128, 4, 6), GemmTile(64, 128, 4, 6), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 64, 4, 4), GemmTile(64, 64, 4, 4), group_m=1),
+)
+
+
+def unsupported_quant(hidden, w13, w2, quant, config) -> str | None:
+    if quant.format not in FORMATS:
+        return f"the Triton fused MoE has no {quant.format!r} expert-weight path"
+    if hidden.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"hidden {hidden.dtype} not supported"
+    if quant.w13_scale is None or quant.w2_scale is None:
+        return "quantized experts need both scale tensors"
+    if config is not None and (config.block_m < 16 or config.block_m & (config.block_m - 1)):
+        return f"block_m {config.block_m} must be a power of two >= 16"
+    if quant.format == "fp8-block":
+        if tuple(quant.block_shape or ()) != (SCALE_BLOCK, SCALE_BLOCK):
+            return f"fp8-block experts need {SCALE_BLOCK}x{SCALE_BLOCK} blocks, got {quant.block_shape}"
+        if w13.dtype != torch.float8_e4m3fn or w2.dtype != torch.float8_e4m3fn:
+            return "fp8-block experts must be float8_e4m3fn"
+        if w2.shape[2] % SCALE_BLOCK:
+            return f"fp8-block experts need an intermediate size divisible by {SCALE_BLOCK}"
+    else:
+        if w13.dtype != torch.uint8 or w2.dtype != torch.uint8:
+            return "mxfp4 experts must be uint8 (packed e2m1)"
+        if hidden.shape[1] % 32 or w2.shape[2] * 2 % 32:
+            return "mxfp4 experts need hidden and intermediate sizes divisible by 32"
+        if not triton_interpreting() and hidden.dtype != torch.bfloat16:
+            return f"the GPU mxfp4 expert kernels multiply in bf16; hidden is {hidden.dtype}"
+        if not (w13.is_contiguous() and w2.is_contiguous()):
+            return "mxfp4 experts must be contiguous"
+    return None
+
+
+@triton.jit
+def _load_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, scale_rows,
+                      w_stride_e, w_stride_n, s_stride_e, s_stride_n,
+                      K: tl.constexpr, FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      EXACT: tl.constexpr, SHIFT: tl.constexpr):
+    """The weight tile ``[BLOCK_N, BLOCK_K]`` of ``rows`` at K offset ``k0``, and (fp8) its block scales
+    ``[BLOCK_N]`` from block-scale rows ``scale_rows``."""
+    if FORMAT == 0:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + expert * w_stride_e + rows.to(tl.int64)[:, None] * w_stride_n + ks[None, :],
+                    mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+        scale = tl.load(s_ptr + expert * s_stride_e + scale_rows * s_stride_n + k0 // 128, mask=row_ok, other=0.0)
+        return w, scale
+    else:
+        G: tl.constexpr = BLOCK_K // 32
+        g = k0 // 32 + tl.arange(0, G)
+        g_ok = g < K // 32
+        words = tl.load(w_ptr + expert * w_stride_e + rows.to(tl.int64)[:, None, None] * w_stride_n
+                        + g[None, :, None] * 4 + tl.arange(0, 4)[None, None, :],
+                        mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
+        e = tl.load(s_ptr + expert * s_stride_e + rows.to(tl.int64)[:, None] * s_stride_n + g[None, :],
+                    mask=row_ok[:, None] & g_ok[None, :], other=0)
+        return decode_mxfp4_tile(words, e, BLOCK_N, BLOCK_K, EXACT, SHIFT), tl.zeros([BLOCK_N], dtype=tl.float32)
+
+
+@triton.jit
+def _activation_tile(x_ptr, x_rows, row_ok, x_stride, k0, K: tl.constexpr, FORMAT: tl.constexpr,
+                     BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, EXACT: tl.constexpr):
+    """The activation tile ``[BLOCK_K, BLOCK_M]`` (K-major columns of the given rows)."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + x_rows.to(tl.int64)[None, :] * x_stride + ks[:, None],
+                mask=row_ok[None, :] & (ks < K)[:, None], other=0.0)
+    if FORMAT == 1:
+        x = to_mma_order(x, BLOCK_K, BLOCK_M)
+        x = x.to(tl.float32) if EXACT else x.to(tl.bfloat16)
+    return x
+
+
+@triton.jit
+def _mma(w, x, acc, FORMAT: tl.constexpr, EXACT: tl.constexpr):
+    if FORMAT == 1 and EXACT:
+        return tl.dot(w, x, acc, input_precision="ieee")
+    return tl.dot(w, x, acc)
+
+
+@triton.jit
+def _moe_up_quant_kernel(
+    x_ptr, x_stride, xs_ptr, xs_stride, w_ptr, w_stride_e, w_stride_n, s_ptr, s_stride_e, s_stride_n,
+    act_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks,
+    TOP_K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, FORMAT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EXACT: tl.constexpr, SHIFT: tl.constexpr,
+):
+    block, tile = _grid_position(num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
+    expert = tl.load(block_experts_ptr + block).to(tl.int64)
+    if expert < 0:
+        return
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ptr + rows)
+    row_ok = pairs < num_pairs
+    tokens = pairs // TOP_K
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < I
+    gate = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    UP_SCALE_ROW: tl.constexpr = I // 128  # fp8: the up projection's first block-scale row (I % 128 == 0)
+    for k0 in range(0, H, BLOCK_K):
+        x = _activation_tile(x_ptr, tokens, row_ok, x_stride, k0, H, FORMAT, BLOCK_K, BLOCK_M, EXACT)
+        wg, sg = _load_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, cols // 128, w_stride_e, w_stride_n,
+                                   s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT)
+        wu, su = _load_weight_tile(w_ptr, s_ptr, expert, cols + I, col_ok, k0, UP_SCALE_ROW + cols // 128,
+                                   w_stride_e, w_stride_n, s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K,
+                                   EXACT, SHIFT)
+        if FORMAT == 0:
+            sx = tl.load(xs_ptr + tokens.to(tl.int64) * xs_stride + k0 // 128, mask=row_ok, other=0.0)
+            gate += tl.dot(wg, x) * (sg[:, None] * sx[None, :])
+            up += tl.dot(wu, x) * (su[:, None] * sx[None, :])
+        else:
+            gate = _mma(wg, x, gate, FORMAT, EXACT)
+            up = _mma(wu, x, up, FORMAT, EXACT)
+    if FORMAT == 1:
+        gate = gate * (2.0 ** SHIFT)
+        up = up * (2.0 ** SHIFT)
+    act = gate * tl.sigmoid(gate) * up
+    out_ptrs = act_ptr + rows.to(tl.int64)[None, :] * I + cols[:, None]
+    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit
+def _moe_down_quant_kernel(
+    a_ptr, a_stride, as_ptr, as_stride, w_ptr, w_stride_e, w_stride_n, s_ptr, s_stride_e, s_stride_n,
+    out_ptr, weights_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks,
+    H: tl.constexpr, I: tl.constexpr, FORMAT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EXACT: tl.constexpr, SHIFT: tl.constexpr,
+):
+    block, tile = _grid_position(num_row_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
+    expert = tl.load(block_experts_ptr + block).to(tl.int64)
+    if expert < 0:
+        return
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ptr + rows)
+    row_ok = pairs < num_pairs
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < H
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        a = _activation_tile(a_ptr, rows, row_ok, a_stride, k0, I, FORMAT, BLOCK_K, BLOCK_M, EXACT)
+        w, sw = _load_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, cols // 128, w_stride_e, w_stride_n,
+                                  s_stride_e, s_stride_n, I, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT)
+        if FORMAT == 0:
+            sa = tl.load(as_ptr + rows.to(tl.int64) * as_stride + k0 // 128, mask=row_ok, other=0.0)
+            acc += tl.dot(w, a) * (sw[:, None] * sa[None, :])
+        else:
+            acc = _mma(w, a, acc, FORMAT, EXACT)
+    if FORMAT == 1:
+        acc = acc * (2.0 ** SHIFT)
+    routing = tl.load(weights_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)
+    acc = acc * routing[None, :]
+    out_ptrs = out_ptr + pairs.to(tl.int64)[None, :] * H + cols[:, None]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
+
+
+def quant_config_for(num_pairs: int, num_experts: int) -> MoeKernelConfig:
+    return QUANT_CONFIGS[shape_class(num_pairs, num_experts)]
+
+
+def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None,
+                    config: MoeKernelConfig | None = None):
+    from atom_kernels import quant_fp8
+
+    tokens, size = hidden.shape
+    top_k = topk_ids.shape[1]
+    fmt = FORMATS[quant.format]
+    experts = w13.shape[0]
+    inter = w2.shape[2] * (2 if fmt == MXFP4 else 1)
+    num_pairs = tokens * top_k
+    has_map = expert_map is not None
+    out = (torch.zeros if has_map and top_k == 1 else torch.empty)(hidden.shape, dtype=hidden.dtype, device=hidden.device)
+    if num_pairs == 0:
+        return out
+    cfg = config or quant_config_for(num_pairs, experts)
+    exact = triton_interpreting()
+    if hidden.stride(-1) != 1:
+        hidden = hidden.contiguous()
+    weights = topk_weights.reshape(-1).contiguous()
+    sorted_ids, block_experts, _ = moe_align_block_size(topk_ids, experts, cfg.block_m, expert_map)
+    num_row_blocks = block_experts.numel()
+    up, down = cfg.up, cfg.down
+    if fmt == FP8_BLOCK:
+        x, xs = quant_fp8(hidden, SCALE_BLOCK)
+        k_up = k_down = SCALE_BLOCK
+        w13v, w2v = w13, w2
+        s13, s2 = quant.w13_scale, quant.w2_scale
+    else:
+        x, xs = hidden, hidden  # xs unused
+        k_up, k_down = up.block_k, down.block_k
+        w13v, w2v = w13.view(torch.int32), w2.view(torch.int32)  # 8 codes per word
+        s13, s2 = quant.w13_scale.view(torch.uint8), quant.w2_scale.view(torch.uint8)
+    act = torch.empty((sorted_ids.numel(), inter), dtype=hidden.dtype, device=hidden.device)
+    _moe_up_quant_kernel[(num_row_blocks * triton.cdiv(inter, up.block_n),)](
+        x, x.stride(0), xs, xs.stride(0), w13v, w13v.stride(0), w13v.stride(1), s13, s13.stride(0), s13.stride(1),
+        act, sorted_ids, block_experts, num_pairs, num_row_blocks,
+        TOP_K=top_k, H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=up.block_n, BLOCK_K=k_up,
+        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, num_warps=up.num_warps, num_stages=up.num_stages,
+    )
+    if fmt == FP8_BLOCK:
+        a, a_s = quant_fp8(act, SCALE_BLOCK)
+    else:
+        a, a_s = act, act  # a_s unused
+    pair_out = out if top_k == 1 else torch.empty((num_pairs, size), dtype=hidden.dtype, device=hidden.device)
+    _moe_down_quant_kernel[(num_row_blocks * triton.cdiv(size, down.block_n),)](
+        a, a.stride(0), a_s, a_s.stride(0), w2v, w2v.stride(0), w2v.stride(1), s2, s2.stride(0), s2.stride(1),
+        pair_out, weights, sorted_ids, block_experts, num_pairs, num_row_blocks,
+        H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=down.block_n, BLOCK_K=k_down,
+        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, num_warps=down.num_warps, num_stages=down.num_stages,
+    )
+    if top_k > 1:
+        block_h = min(1024, triton.next_power_of_2(size))
+        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+        _moe_sum_kernel[(tokens, triton.cdiv(size, block_h))](
+            pair_out, ids, expert_map if has_map else ids, out, out.stride(0),
+            TOP_K=top_k, H=size, BLOCK_H=block_h, HAS_MAP=has_map, num_warps=4,
+        )
+    return out

@@ -1,0 +1,142 @@
+"""Compile ATOM's quantization kernels for sm_90 without a GPU and report what the compiler produced
+(run as a script, with TRITON_INTERPRET unset, by test_sm90_compile.py).  Prints one JSON object:
+case -> {"shared": bytes, "ptx_div_rn": bool, "sass": {opcode: count}}."""
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+
+from atom_kernels.ops.fp8_gemm import CONFIGS as FP8_CONFIGS
+from atom_kernels.ops.fp8_gemm import _fp8_gemm_kernel
+from atom_kernels.ops.fused_moe.triton_quant import QUANT_CONFIGS, _moe_down_quant_kernel, _moe_up_quant_kernel
+from atom_kernels.ops.mxfp4_mm.triton import CONFIGS as MX_CONFIGS
+from atom_kernels.ops.mxfp4_mm.triton import _mxfp4_mm_kernel
+from atom_kernels.ops.quant_fp8.triton import _quant_groups_kernel, _quant_rows_kernel
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def compile_sm90(fn, signature, constexprs, divisible, num_warps=4, num_stages=3):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(signature)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def report(compiled) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        text = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin.name], capture_output=True, text=True).stdout
+    ops = collections.Counter(m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text))
+    return {"shared": compiled.metadata.shared, "ptx_div_rn": "div.rn.f32" in compiled.asm["ptx"], "sass": dict(ops)}
+
+
+QUANT_ROWS_SIG = {"x_ptr": "*bf16", "x_stride": "i64", "q_ptr": "*fp8e4nv", "q_stride": "i64", "s_ptr": "*fp32",
+                  "static_ptr": "*fp32", "K": "constexpr", "STATIC": "constexpr", "BLOCK": "constexpr"}
+QUANT_GROUPS_SIG = {"x_ptr": "*bf16", "x_stride": "i64", "q_ptr": "*fp8e4nv", "q_stride": "i64", "s_ptr": "*fp32",
+                    "s_stride": "i64", "K": "i32", "group_size": "i32", "num_groups": "i32", "GROUP": "constexpr",
+                    "GROUPS": "constexpr"}
+FP8_SIG = {
+    "a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "ws_ptr": "*fp32", "as_ptr": "*fp32", "bs_ptr": "*fp32",
+    "bias_ptr": "*bf16", "P": "i32", "Q": "i32", "stride_ap": "i32", "stride_bq": "i32", "stride_cp": "i32",
+    "stride_cq": "i32", "stride_as_p": "i32", "stride_as_k": "i32", "stride_bs_q": "i32", "stride_bs_k": "i32",
+    **{name: "constexpr" for name in ("K", "K_SPLIT", "BLOCKWISE", "A_SCALE_DIV", "B_SCALE_DIV", "HAS_BIAS",
+                                       "BIAS_ON_P", "SPLIT_K", "BLOCK_P", "BLOCK_Q", "BLOCK_K", "GROUP")},
+}
+MX_SIG = {
+    "w_ptr": "*i32", "s_ptr": "*u8", "x_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
+    "N": "i32", "M": "i32", "stride_xm": "i32", "stride_om": "i32",
+    **{name: "constexpr" for name in ("K", "K_SPLIT", "SPLIT_K", "HAS_BIAS", "BLOCK_N", "BLOCK_M", "BLOCK_K", "GROUP",
+                                       "EXACT", "SHIFT", "EVEN_N", "EVEN_K")},
+}
+
+
+MOE_UP_SIG = {
+    "x_ptr": "*fp8e4nv", "x_stride": "i32", "xs_ptr": "*fp32", "xs_stride": "i32", "w_ptr": "*fp8e4nv",
+    "w_stride_e": "i32", "w_stride_n": "i32", "s_ptr": "*fp32", "s_stride_e": "i32", "s_stride_n": "i32",
+    "act_ptr": "*bf16", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32", "num_row_blocks": "i32",
+    **{name: "constexpr" for name in ("TOP_K", "H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT",
+                                       "SHIFT")},
+}
+MOE_DOWN_SIG = {
+    "a_ptr": "*fp8e4nv", "a_stride": "i32", "as_ptr": "*fp32", "as_stride": "i32", "w_ptr": "*fp8e4nv",
+    "w_stride_e": "i32", "w_stride_n": "i32", "s_ptr": "*fp32", "s_stride_e": "i32", "s_stride_n": "i32",
+    "out_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32",
+    "num_row_blocks": "i32",
+    **{name: "constexpr" for name in ("H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT", "SHIFT")},
+}
+
+
+def _mxfp4_signature(sig: dict) -> dict:
+    """The MXFP4 expert kernels: int32 words, e8m0 bytes, bf16 activations (the scale args unused)."""
+    out = dict(sig, w_ptr="*i32", s_ptr="*u8")
+    for name in ("x_ptr", "xs_ptr", "a_ptr", "as_ptr"):
+        if name in out:
+            out[name] = "*bf16"
+    return out
+
+
+def moe_cases():
+    """Qwen3-30B-A3B's expert shapes (H 2048, I 768) with the decode and large tiles, both formats."""
+    for shape_class in ("decode", "large"):
+        cfg = QUANT_CONFIGS[shape_class]
+        for fmt, fmt_name in ((0, "fp8"), (1, "mxfp4")):
+            for kernel, sig, tile, extra in ((_moe_up_quant_kernel, MOE_UP_SIG, cfg.up, {"TOP_K": 8}),
+                                             (_moe_down_quant_kernel, MOE_DOWN_SIG, cfg.down, {})):
+                sig = sig if fmt == 0 else _mxfp4_signature(sig)
+                constexprs = dict(H=2048, I=768, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n,
+                                  BLOCK_K=128 if fmt == 0 else tile.block_k, GROUP_M=cfg.group_m, EXACT=False, SHIFT=32,
+                                  **extra)
+                divisible = [name for name in sig if name.endswith("_ptr") or "stride" in name]
+                yield f"moe_{'up' if extra else 'down'}_{fmt_name}_{shape_class}", (
+                    lambda k=kernel, s=sig, c=constexprs, d=divisible, t=tile: compile_sm90(k, s, c, d, t.num_warps,
+                                                                                            t.num_stages))
+
+
+def cases():
+    yield from moe_cases()
+    yield "quant_rows", lambda: compile_sm90(_quant_rows_kernel, QUANT_ROWS_SIG, {"K": 8192, "STATIC": False, "BLOCK": 4096},
+                                             ["x_ptr", "q_ptr"], 8)
+    yield "quant_groups", lambda: compile_sm90(_quant_groups_kernel, QUANT_GROUPS_SIG, {"GROUP": 128, "GROUPS": 16},
+                                               ["x_ptr", "q_ptr"])
+    for shape_class in ("decode", "large"):
+        cfg = FP8_CONFIGS[shape_class]
+        split = 4 if cfg["split_k"] == "auto" else 1
+        for blockwise in (False, True):
+            constexprs = dict(K=8192, K_SPLIT=8192 // split, BLOCKWISE=blockwise, A_SCALE_DIV=128 if cfg["swap"] else 1,
+                              B_SCALE_DIV=1 if cfg["swap"] else 128, HAS_BIAS=True, BIAS_ON_P=cfg["swap"], SPLIT_K=split,
+                              BLOCK_P=cfg["block_p"], BLOCK_Q=cfg["block_q"], BLOCK_K=128 if blockwise else cfg["block_k"],
+                              GROUP=cfg["group"])
+            divisible = ["a_ptr", "b_ptr", "c_ptr", "stride_ap", "stride_bq"]
+            yield f"fp8_{'block' if blockwise else 'rowwise'}_{shape_class}", (
+                lambda c=constexprs, g=cfg, d=divisible: compile_sm90(_fp8_gemm_kernel, FP8_SIG, c, d, g["num_warps"],
+                                                                      g["num_stages"]))
+        cfg = MX_CONFIGS[shape_class]
+        split = 2 if cfg["split_k"] == "auto" else 1
+        constexprs = dict(K=8192, K_SPLIT=8192 // split, SPLIT_K=split, HAS_BIAS=False, BLOCK_N=cfg["block_n"],
+                          BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], GROUP=cfg["group"], EXACT=False, SHIFT=32,
+                          EVEN_N=True, EVEN_K=True)
+        yield f"mxfp4_{shape_class}", (
+            lambda c=constexprs, g=cfg: compile_sm90(_mxfp4_mm_kernel, MX_SIG, c, ["w_ptr", "s_ptr", "x_ptr", "out_ptr",
+                                                                                   "ws_ptr", "stride_xm", "stride_om", "N"],
+                                                     g["num_warps"], g["num_stages"]))
+
+
+if __name__ == "__main__":
+    out = {}
+    for name, build in cases():
+        try:
+            out[name] = report(build())
+        except Exception as err:  # reported per case, the test names the one that failed
+            out[name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+    json.dump(out, sys.stdout)

@@ -1,0 +1,34 @@
+"""The quant bench suite runs end to end (CPU, Triton interpreter, tiny shapes, a stand-in timer), so the
+one GPU run it exists for does not fail on a typo; the timed numbers come from the GPU run."""
+
+import pytest
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the GPU runs the real suite")
+def test_quant_bench_rows(monkeypatch):
+    from atom_kernels.bench import quant
+    from atom_kernels.ops import fp8_gemm
+    from atom_kernels.ops.mxfp4_mm import triton as mxfp4_triton
+
+    monkeypatch.setattr(quant, "measure", lambda fn, **kw: (fn(), {"us": 10.0, "graph": False})[1])
+    monkeypatch.setattr(quant, "SHAPES", {"8192x8192": (64, 128)})
+    monkeypatch.setattr(quant, "TOKENS", (1, 20))
+    monkeypatch.setattr(quant, "L2_BYTES", 1 << 14)
+    monkeypatch.setattr(quant, "QUANT_CASES", ((3, 256, None), (3, 256, 128)))
+    monkeypatch.setattr(fp8_gemm, "SWEEP", fp8_gemm.SWEEP[:2])
+    monkeypatch.setattr(mxfp4_triton, "SWEEP", mxfp4_triton.SWEEP[:2])
+    monkeypatch.setattr(quant, "MOE_SHAPE", (4, 2, 256, 128))
+    from atom_kernels.ops.fused_moe import triton_quant
+
+    monkeypatch.setattr(triton_quant, "QUANT_SWEEP", triton_quant.QUANT_SWEEP[:1])
+    ctx = {"device": "cpu", "copy_bytes_per_s": 4e12, "bf16_flops_per_s": 7e14, "quick": False}
+    rows = quant.run(ctx)
+    errors = [r for r in rows if "error" in r and r["impl"] != "cublaslt-scaled_mm"]  # no cuBLASLt on a CPU
+    assert not errors, errors
+    ops = {(r["op"], r["impl"]) for r in rows if "op" in r and "us" in r}
+    assert {("gemm", "bf16-cublas"), ("fp8-rowwise", "atom-triton"), ("fp8-block", "atom-triton"),
+            ("mxfp4", "atom-triton"), ("mxfp4", "atom-triton sweep"), ("quant_fp8", "atom-triton"),
+            ("fused_moe", "atom-triton bf16"), ("fused_moe", "atom-triton fp8-block"), ("fused_moe", "atom-triton mxfp4")} <= ops
+    target = [r for r in rows if r.get("summary") == "mxfp4-vs-bf16"]
+    assert [r["M"] for r in target] == [1] and target[0]["speedup_default"] == 1.0
+    assert all(r["floor_us"] > 0 for r in rows if "floor_us" in r)
