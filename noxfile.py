@@ -200,3 +200,119 @@ def vllm(session: nox.Session, release: dict) -> None:
     finally:
         shutil.rmtree(venv, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ atom-sglang × SGLang
+# One session per SGLang release marked `ci = true` in ci/pins.toml [sglang] (`nox -t sglang`), run one
+# at a time, each in a fresh venv deleted at the end (measured: 5.4 GB for 0.5.21, 6.3 GB for 0.5.23;
+# 4-10 and 5-7 min on the shared 2-core machine depending on its load; 0.5.21 fetches its CUDA torch
+# stack, ~2 GB, from PyPI).  A *light install*: torch + torchvision as the wheel pins them (CUDA builds;
+# they import on a CPU machine), the SGLang wheel with --no-deps, then only the pure-Python packages
+# SGLang imports on the tested paths, all constrained by the wheel's own `==` pins (an unpinned
+# dependency would otherwise move torch).
+SGLANG = PINS.get("sglang", {})
+SGLANG_CI = [version for version, pins in SGLANG.get("versions", {}).items() if pins.get("ci")]
+# What `import sglang` and the tested paths (registry, model config, model loader, torch-native attention,
+# logits, plugins) import across the tested releases (0.5.21 also reaches einops and openai's types there).
+SGLANG_IMPORTS = [
+    "numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette", "msgspec", "pydantic",
+    "pyzmq", "tqdm", "IPython", "aiohttp", "transformers", "apache-tvm-ffi", "einops", "dill", "sentencepiece",
+    "compressed-tensors", "gguf", "openai", "partial_json_parser", "uvicorn", "fastapi", "setproctitle",
+    "safetensors", "tokenizers", "triton",
+]
+
+
+def wheel_pins(wheel: Path) -> dict[str, str]:
+    """``name -> version`` of every ``==`` requirement of a wheel that applies here (markers evaluated)."""
+    import zipfile
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    with zipfile.ZipFile(wheel) as zf:
+        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = zf.read(meta).decode().splitlines()
+    pins = {}
+    for line in lines:
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        exact = [spec.version for spec in req.specifier if spec.operator == "=="]
+        if exact:
+            pins[canonicalize_name(req.name)] = exact[0]
+    return pins
+
+
+def dir_size_gb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 1e9
+
+
+def sglang_session(session: nox.Session, version: str) -> None:
+    import time
+
+    expected = SGLANG["versions"][version]
+    work = Path(tempfile.mkdtemp(prefix=f"sglang-{version}-", dir=SCRATCH))
+    env = scratch_env(f"sglang-{version}") | {
+        "HOME": str(work / "home"), "SGLANG_CACHE_DIR": str(work / "sglang-cache"), "ATOM_SGLANG_REQUIRED": "1",
+    }
+    # The CPU torch on local disk shadows the CUDA build of the same version, and PyPI's torchvision only
+    # loads beside the CUDA build: install the stack the wheel pins, as a user's pip would.
+    no_local_cpu_torch = {"PIP_FIND_LINKS": str(SCRATCH / "no-local-wheels")}
+    (SCRATCH / "no-local-wheels").mkdir(parents=True, exist_ok=True)
+    venv = Path(session.virtualenv.location)
+    started = last = time.monotonic()
+
+    def timed(step: str) -> None:
+        nonlocal last
+        now = time.monotonic()
+        session.log(f"sglang {version}: {step} took {now - last:.0f} s (venv {dir_size_gb(venv):.1f} GB)")
+        last = now
+
+    try:
+        wheels = SCRATCH / "wheels" / f"sglang-{version}"
+        session.run("pip", "download", "-q", "--no-deps", f"sglang=={version}", "-d", str(wheels), env=env)
+        (wheel,) = wheels.glob(f"sglang-{version}-*.whl")
+        pins = wheel_pins(wheel)
+        for name in ("torch", "transformers"):
+            if pins.get(name) != expected[name]:
+                session.error(f"ci/pins.toml says sglang {version} pins {name} {expected[name]}, its wheel says {pins.get(name)}")
+        constraints = work / "constraints.txt"
+        constraints.write_text("".join(f"{name}=={v}\n" for name, v in sorted(pins.items())))
+        timed("wheel download")
+        session.install("-c", str(constraints), f"torch=={pins['torch']}", "torchvision", env=env | no_local_cpu_torch)
+        timed("torch + torchvision")
+        session.install("--no-deps", str(wheel), env=env)
+        session.install("-c", str(constraints), *SGLANG_IMPORTS, "hatchling", "editables", *pinned("pytest", table=TOOLS),
+                        env=env | no_local_cpu_torch)
+        # atom-sglang installed (not put on PYTHONPATH) so SGLang finds its sglang.srt.plugins entry point.
+        session.install("--no-deps", "--no-build-isolation", "-e", "packages/atom-kernels", "-e", "packages/atom-core",
+                        "-e", "packages/atom-sglang", env=env)
+        timed("sglang, its imports, atom packages")
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "--durations=5", "packages/atom-sglang/tests", *session.posargs,
+                    env=env)
+        timed("tests")
+    finally:
+        session.log(f"sglang {version}: {time.monotonic() - started:.0f} s in all; deleting {venv} and {work}")
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(venv, ignore_errors=True)
+
+
+def _define_sglang_session(version: str) -> None:
+    def session_fn(session: nox.Session) -> None:
+        sglang_session(session, version)
+
+    session_fn.__doc__ = (f"atom-sglang inside SGLang {version} on the CPU (light install): registry, strict import, "
+                          "signatures, construction + load_weights, forward through SGLang's torch-native attention")
+    nox.session(name=f"sglang-{version}", tags=["ci", "sglang"])(session_fn)
+
+
+for _version in SGLANG_CI:
+    _define_sglang_session(_version)
+
+
+@nox.session(python=False, tags=["ci"])
+def pins(session: nox.Session) -> None:
+    """The files generated from ci/pins.toml (README compatibility tables, atom_sglang/_pins.py) are current."""
+    session.run("python3", str(ROOT / "ci" / "compat_tables.py"), "--check", external=True)

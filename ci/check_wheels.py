@@ -59,6 +59,7 @@ def main(paths: list[str]) -> int:
         print(f"{name} {version}: requires {sorted(names)}")
     assert set(seen) == set(ALLOWED), f"wheels for {sorted(seen)}, expected {sorted(ALLOWED)}"
     assert "atom = atom_core.cli:main" in seen["atom-core"], "atom-core must declare the `atom` command"
+    assert "atom = atom_sglang.plugin:register" in seen["atom-sglang"], "atom-sglang must declare its sglang.srt.plugins entry"
     return 0
 
 

@@ -1,0 +1,115 @@
+"""The SGLang host: what an ATOM model gets when SGLang builds it.
+
+* ``attention`` -> SGLang's :class:`RadixAttention` (its KV cache, its attention backend), wrapped so the
+  model calls it as ``attn(q, k, v)``;
+* ``tp`` -> SGLang's tensor-parallel group;
+* ``quant`` -> ATOM's own parse of the checkpoint's ``quantization_config``.
+
+Per-step metadata: the wrapper publishes SGLang's ``ForwardBatch`` on the host (:attr:`SGLangHost.forward_batch`)
+before it calls the model and clears it afterwards; the attention modules read it from there.  It is a
+plain attribute, not a ``ContextVar``: torch.compile cannot trace ``ContextVar.get`` (SGLang keeps its
+own graph-visible flags in plain slots for the same reason).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from atom_core.errors import UnsupportedConfigError
+from atom_sglang import compat
+
+
+class SGLangTP:
+    """:class:`atom_core.host.TensorParallel` over an SGLang ``GroupCoordinator``."""
+
+    def __init__(self, group: Any):
+        self.group = group
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank_in_group
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.all_reduce(x)
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return self.group.all_gather(x, dim=dim)
+
+
+class SGLangAttention(nn.Module):
+    """``forward(q, k, v) -> out`` over SGLang's RadixAttention, with this step's ForwardBatch taken from
+    the host.  ``q``: ``[T, heads * head_dim]``; ``k``/``v``: ``[T, kv_heads * head_dim]``; ``out``:
+    ``[T, heads * head_dim]``."""
+
+    def __init__(self, host: SGLangHost, attn: nn.Module, sinks: torch.Tensor | None = None):
+        super().__init__()
+        self._host = [host]  # a list keeps the host out of the module tree
+        self.attn = attn  # a child, so SGLang finds every RadixAttention in the model
+        self._sinks = [sinks]  # the model owns the parameter; keep it out of this module's parameters
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        forward_batch = self._host[0].forward_batch
+        if forward_batch is None:
+            raise RuntimeError(
+                f"attention layer {self.attn.layer_id} ran without a ForwardBatch: call the model through its "
+                "SGLang wrapper's forward, which publishes it"
+            )
+        sinks = self._sinks[0]
+        kwargs = {} if sinks is None else {"sinks": sinks}
+        out = self.attn(q, k, v, forward_batch, **kwargs)
+        return out.reshape(q.shape[0], -1)
+
+
+class SGLangHost:
+    """Builds an ATOM model's framework-facing layers out of SGLang's."""
+
+    def __init__(self, quant: Any = None, tp: Any = None):
+        self.tp = tp if tp is not None else SGLangTP(compat.tp_group())
+        self.quant = quant
+        self.forward_batch: Any = None  # published by the wrapper around each forward
+        self.attention_layers: list[SGLangAttention] = []
+
+    def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                  *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
+        if mla is not None:
+            raise UnsupportedConfigError(f"{prefix}: MLA attention is not available in atom-sglang yet")
+        radix = compat.radix_attention_class()(
+            num_heads, head_dim, scale,
+            num_kv_heads=num_kv_heads,
+            layer_id=layer_id,
+            sliding_window_size=radix_window(sliding_window),
+            quant_config=None,
+            prefix=prefix,
+        )
+        layer = SGLangAttention(self, radix, sinks)
+        self.attention_layers.append(layer)
+        return layer
+
+    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype):
+        raise UnsupportedConfigError(
+            f"{prefix}: linear-attention (GDN) state is not available in atom-sglang yet; it needs SGLang's mamba "
+            "state pool read through its hybrid linear-attention backend (see atom-sglang's README)"
+        )
+
+    def sliding_window(self) -> int | None:
+        """The one window SGLang's attention metadata is planned for (its exclusive convention), or None."""
+        windows = {layer.attn.sliding_window_size for layer in self.attention_layers} - {-1, None}
+        if len(windows) > 1:
+            raise UnsupportedConfigError(
+                f"layers use different sliding windows {sorted(windows)}; SGLang plans one window per model"
+            )
+        return windows.pop() if windows else None
+
+
+def radix_window(sliding_window: int | None) -> int:
+    """ATOM (transformers) counts the query itself in its window: key j is visible to query i when
+    ``0 <= i - j < w``.  SGLang's ``sliding_window_size`` excludes it (``i - j <= w'``), so ``w' = w - 1``;
+    -1 means full attention."""
+    return -1 if sliding_window is None else sliding_window - 1

@@ -1,0 +1,33 @@
+"""The ``sglang.srt.plugins`` entry point (SGLang >= 0.5.11).
+
+SGLang runs it in the launcher, the engine and each scheduler process.  It checks the installed SGLang
+against the range atom-sglang supports (ci/pins.toml, shipped as ``_pins.py``).  SGLang catches and logs
+whatever a plugin raises, so the refusal is also logged as an explicit error line, and the model
+classes check again when SGLang builds them (that error is not swallowed).
+
+Choosing ATOM's models stays the user's decision: ``SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from atom_sglang import compat
+
+logger = logging.getLogger(__name__)
+
+ENV = "SGLANG_EXTERNAL_MODEL_PACKAGE"
+PACKAGE = "atom_sglang.models"
+
+
+def register() -> None:
+    version = compat.installed_version()
+    reason = compat.unsupported_reason(version)
+    if reason is not None:
+        logger.error("atom-sglang: %s", reason)
+        raise compat.UnsupportedSGLangVersion(reason)
+    if os.environ.get(ENV) == PACKAGE:
+        logger.info("atom-sglang: SGLang %s supported; ATOM's models are selected (%s=%s)", version, ENV, PACKAGE)
+    else:
+        logger.info("atom-sglang: SGLang %s supported; set %s=%s to run ATOM's models", version, ENV, PACKAGE)

@@ -1,0 +1,173 @@
+"""SGLang's model contract around an ATOM model.
+
+Each served catalog architecture gets a class named exactly like the architecture (SGLang keys its
+registry by ``cls.__name__``) that derives from :class:`SGLangCausalLM` and the ATOM model class, so
+parameter names stay those of the ATOM model (``model.layers.0.self_attn.qkv_proj.weight``...):
+
+    SGLang                                      ATOM
+    cls(config=hf_config, quant_config=...)  -> ATOMModel(hf_config, SGLangHost(...))
+    forward(input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None)
+        publish forward_batch on the host    -> ATOMModel.forward(input_ids, positions, input_embeds) -> hidden
+        LogitsProcessor(input_ids, hidden, lm_head, forward_batch) -> LogitsProcessorOutput
+    load_weights(SGLang's (name, tensor) iterator) -> atom_core.loader (mapping + coverage check)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from atom_core import catalog
+from atom_core.catalog import ArchSpec
+from atom_core.config import text_config
+from atom_core.errors import UnsupportedConfigError
+from atom_core.quant import parse_quant_config
+from atom_sglang import capabilities, compat
+from atom_sglang.host import SGLangHost
+
+logger = logging.getLogger(__name__)
+
+PROCESSED = "_atom_sglang_weights_processed"
+
+
+class SGLangCausalLM(nn.Module):
+    """Mixin placed before the ATOM model class in each generated wrapper's bases."""
+
+    atom_spec: ArchSpec
+    packed_modules_mapping: dict[str, list[str]]
+
+    def __init__(self, config: Any, quant_config: Any = None, prefix: str = ""):
+        name = type(self).__name__
+        compat.check_version()
+        reason = compat.unsupported_parallelism()
+        if reason is not None:
+            raise UnsupportedConfigError(f"{name}: {reason}")
+        # SGLang's quant_config configures SGLang's layers; ATOM's layers read the checkpoint's
+        # quantization_config with ATOM's own schemes.
+        host = SGLangHost(quant=parse_quant_config(config))
+        super().__init__(config, host, prefix)
+        self.atom_host = host
+        self.logits_processor = compat.logits_processor_class()(text_config(config))
+        self.uses_mrope = uses_mrope(config)
+        self._weights_loaded = False
+        guard_weight_processing(self)
+
+    # ----------------------------------------------------------------------------------- forward
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any,
+                input_embeds: torch.Tensor | None = None, pp_proxy_tensors: Any = None, get_embedding: bool = False):
+        if pp_proxy_tensors is not None:
+            raise UnsupportedConfigError(f"{type(self).__name__}: pipeline parallelism is not supported by ATOM models")
+        if get_embedding:
+            raise UnsupportedConfigError(f"{type(self).__name__}: ATOM serves it as a generation model, not embeddings")
+        if self.uses_mrope and forward_batch.mrope_positions is not None:
+            positions = forward_batch.mrope_positions  # [3, T]; SGLang leaves it None when serving text-only
+        if input_embeds is not None:  # SGLang hands over bf16 whatever the model's dtype
+            input_embeds = input_embeds.to(self.get_input_embeddings().weight.dtype)
+        host = self.atom_host
+        host.forward_batch = forward_batch
+        try:
+            hidden = super().forward(input_ids, positions, input_embeds)
+        finally:
+            host.forward_batch = None
+        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+
+    # ------------------------------------------------------------------------------------- weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """The first call is the model load: every parameter must be written and every tensor used (a
+        :class:`~atom_core.errors.CheckpointError` names the rest).  Later calls are SGLang's weight
+        updates (``update_weights_from_tensor``...), which may carry a subset."""
+        strict = not self._weights_loaded
+        reset_weight_processing(self)
+        loaded = super().load_weights(weights, strict=strict)
+        self._weights_loaded = True
+        return loaded
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def get_embed_and_head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.embed_tokens.weight, self.lm_head.weight
+
+    def set_embed_and_head(self, embed: torch.Tensor, head: torch.Tensor) -> None:
+        """Share another model's embedding and head (SGLang's speculative decoding drafts)."""
+        del self.model.embed_tokens.weight
+        del self.lm_head.weight
+        self.model.embed_tokens.weight = embed
+        self.lm_head.weight = head
+
+    def get_attention_sliding_window_size(self) -> int | None:
+        """The window SGLang plans its attention metadata for (exclusive of the query), or None."""
+        return self.atom_host.sliding_window()
+
+
+def uses_mrope(config: Any) -> bool:
+    """SGLang's own rule (ModelConfig.model_is_mrope): the text config's rope parameters carry mrope_section."""
+    cfg = text_config(config)
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    return "mrope_section" in rope
+
+
+def guard_weight_processing(model: nn.Module) -> None:
+    """Make every layer's ``quant_method.process_weights_after_loading`` run once per load.
+
+    SGLang's loader calls it on every module that has a ``quant_method`` (ATOM's layers included) after
+    ``model.load_weights`` returns, and ATOM's loader has already run it: converting a layout twice would
+    corrupt it.  ``load_weights`` clears the marks first, so a weight update converts again."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or getattr(method.process_weights_after_loading, "_atom_once", False):
+            continue
+        method.process_weights_after_loading = _once_per_load(method.process_weights_after_loading)
+
+
+def _once_per_load(process):
+    def once(layer: nn.Module) -> None:
+        if getattr(layer, PROCESSED, False):
+            return
+        process(layer)
+        setattr(layer, PROCESSED, True)
+
+    once._atom_once = True
+    return once
+
+
+def reset_weight_processing(model: nn.Module) -> None:
+    for module in model.modules():
+        module.__dict__.pop(PROCESSED, None)
+
+
+# ------------------------------------------------------------------------------------- generation
+def wrapper_class(spec: ArchSpec, module: str) -> type:
+    """The SGLang model class for ``spec``: named like the architecture, defined in ``module``."""
+    atom_class = spec.model_class()
+    mapper = getattr(atom_class, "weight_mapper", None)
+    packed = mapper.packed_modules_mapping if mapper is not None else {}
+    namespace = {
+        "__module__": module,
+        "__qualname__": spec.name,
+        "__doc__": f"ATOM's {spec.name} ({spec.model}) inside SGLang.",
+        "atom_spec": spec,
+        # SGLang reads (and may extend) this dict on the class; one fresh dict per class.
+        "packed_modules_mapping": {fused: list(parts) for fused, parts in packed.items()},
+    }
+    return type(spec.name, (SGLangCausalLM, atom_class), namespace)
+
+
+def entry_classes(module: str) -> list[type]:
+    """One wrapper class per catalog architecture atom-sglang can serve.  The others are named in an
+    error line (SGLang then serves them with its own implementation)."""
+    served, skipped = capabilities.plan()
+    for name, why in skipped.items():
+        logger.error("atom-sglang does not serve %s (SGLang's own implementation, if any, is used): %s", name, why)
+    classes = []
+    for name in served:
+        try:
+            classes.append(wrapper_class(catalog.get(name), module))
+        except Exception:  # one broken catalog entry must not hide the others from SGLang
+            logger.exception("atom-sglang could not build its SGLang class for %s", name)
+    return classes

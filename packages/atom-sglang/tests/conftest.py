@@ -1,0 +1,55 @@
+"""Fixtures for atom-sglang's tests.
+
+Tests marked ``sglang`` need an installed SGLang (the nox sessions ``sglang-<version>`` provide one and set
+``ATOM_SGLANG_REQUIRED=1``, which turns a missing SGLang into an error instead of a skip).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from atom_core.tiny import make_tiny
+
+HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+# As a user launches SGLang: the variable is set before SGLang's model registry is first imported (it is
+# read then, once per process).  Tests that need it unset run in a fresh subprocess (_sglang_env.run_fresh).
+os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "atom_sglang.models"
+REQUIRED = os.environ.get("ATOM_SGLANG_REQUIRED") == "1"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sglang: needs an installed SGLang")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_SGLANG:
+        return
+    if REQUIRED:
+        raise pytest.UsageError("ATOM_SGLANG_REQUIRED=1 but SGLang is not installed")
+    skip = pytest.mark.skip(reason="SGLang is not installed")
+    for item in items:
+        if "sglang" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """``arch -> dir`` of a tiny random checkpoint for every catalog architecture atom-sglang serves."""
+    from atom_sglang import capabilities
+
+    served, _ = capabilities.plan()
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: str(make_tiny(arch, root / arch, seed=1)) for arch in served}
+
+
+@pytest.fixture(scope="session")
+def cpu_runtime(tiny_checkpoints):
+    """SGLang's runtime on the CPU (see _sglang_env.start_cpu_runtime), once per test session."""
+    from _sglang_env import start_cpu_runtime, stop_cpu_runtime
+
+    start_cpu_runtime(next(iter(tiny_checkpoints.values())))
+    yield
+    stop_cpu_runtime()

@@ -1,0 +1,91 @@
+"""SGLang's own model loader builds each served architecture on the CPU and loads a tiny random
+checkpoint through the wrapper's ``load_weights``; the result equals what ATOM's native loader reads.
+
+SGLang's runtime is set up as its scheduler would, minus the GPU (conftest.cpu_runtime).  The forward
+path is test_forward.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _sglang_env import load_with_sglang
+
+from atom_core import catalog
+from atom_core.config import sliding_windows, text_config
+from atom_core.loader import Checkpoint
+from atom_core.runtime.host import NativeHost
+from atom_sglang import compat, wrapper
+from atom_sglang.wrapper import PROCESSED, SGLangCausalLM
+
+pytestmark = pytest.mark.sglang
+
+
+def load_natively(arch: str, path: str) -> torch.nn.Module:
+    from atom_core.config import load_hf_config
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        model = catalog.get(arch).model_class()(load_hf_config(path), NativeHost())
+    finally:
+        torch.set_default_dtype(previous)
+    model.load_weights(Checkpoint(path))
+    return model
+
+
+def test_parallel_layout_is_accepted(cpu_runtime):
+    par = compat.parallel()
+    assert {field: getattr(par, field) is not None for field in compat.PARALLEL_FIELDS} == dict.fromkeys(
+        compat.PARALLEL_FIELDS, True)
+    assert compat.unsupported_parallelism() is None
+    assert compat.tp_group().world_size == 1
+
+
+@pytest.mark.parametrize("arch", sorted(catalog.ARCHITECTURES))
+def test_sglang_builds_and_loads_every_parameter(arch, cpu_runtime, tiny_checkpoints, monkeypatch):
+    if arch not in tiny_checkpoints:
+        pytest.skip(f"atom-sglang does not serve {arch} (see atom_sglang.capabilities)")
+    path = tiny_checkpoints[arch]
+    processed: dict[int, int] = {}  # layer -> how often its quant method really converted it
+    once_per_load = wrapper._once_per_load
+
+    def counting_once_per_load(process):
+        def counted(layer):
+            processed[id(layer)] = processed.get(id(layer), 0) + 1
+            process(layer)
+
+        return once_per_load(counted)
+
+    monkeypatch.setattr(wrapper, "_once_per_load", counting_once_per_load)
+
+    model = load_with_sglang(path)
+    processed_by_sglang_load = dict(processed)
+    assert type(model).__name__ == arch and type(model).__module__ == "atom_sglang.models.catalog"
+    assert isinstance(model, SGLangCausalLM) and isinstance(model, catalog.get(arch).model_class())
+    assert model._weights_loaded, "SGLang's loader did not go through the wrapper's load_weights"
+
+    reference = dict(load_natively(arch, path).named_parameters())
+    params = dict(model.named_parameters())
+    assert params.keys() == reference.keys()
+    for name, param in params.items():
+        assert param.dtype == torch.float32, name
+        torch.testing.assert_close(param, reference[name], rtol=0, atol=0, msg=f"{arch}: {name} differs")
+
+    # ATOM's loader processed each layer, then SGLang's post-load loop called it again: it ran once.
+    layers = [m for m in model.modules() if getattr(m, "quant_method", None) is not None]
+    assert layers and all(getattr(m, PROCESSED, False) for m in layers)
+    assert processed_by_sglang_load == {id(m): 1 for m in layers}
+
+    radix = compat.radix_attention_class()
+    attention = [m for m in model.modules() if isinstance(m, radix)]
+    assert [m.layer_id for m in attention] == list(range(model.config.num_hidden_layers))
+    # ATOM's per-layer windows (transformers' convention) reach SGLang as its exclusive ones.
+    atom_windows = sliding_windows(text_config(model.config), len(attention))
+    assert [m.sliding_window_size for m in attention] == [w - 1 if w else -1 for w in atom_windows]
+    windows = {w - 1 for w in atom_windows if w}
+    assert model.get_attention_sliding_window_size() == (windows.pop() if windows else None)
+    embed, head = model.get_embed_and_head()
+    assert (embed is head) == bool(model.config.tie_word_embeddings)
+    # SGLang reads (and may update) this as a dict on the class; ATOM's own is a classmethod.
+    mapping = type(model).packed_modules_mapping
+    assert isinstance(mapping, dict) and mapping == model.mapper().packed_modules_mapping

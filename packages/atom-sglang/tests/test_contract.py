@@ -1,0 +1,102 @@
+"""The installed SGLang still offers everything atom-sglang calls, with the parameters it relies on,
+and the plugin accepts this version (and refuses others loudly)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import inspect
+import logging
+
+import pytest
+
+from atom_sglang import compat, plugin
+
+pytestmark = pytest.mark.sglang
+
+
+def members(obj) -> set[str]:
+    """Field/attribute names an instance of ``obj`` carries (dataclass fields, annotations, attributes)."""
+    names = set(dir(obj))
+    if dataclasses.is_dataclass(obj):
+        names |= {f.name for f in dataclasses.fields(obj)}
+    for klass in getattr(obj, "__mro__", ()):
+        names |= set(getattr(klass, "__annotations__", {}))
+    return names
+
+
+@pytest.mark.parametrize("symbol", compat.CONTRACT, ids=lambda s: s.path)
+def test_symbol_has_the_parameters_the_adapter_uses(symbol):
+    obj = symbol.resolve()
+    if symbol.params:
+        params = list(inspect.signature(obj).parameters)
+        missing = [p for p in symbol.params if p not in params]
+        assert not missing, f"{symbol.path} lacks {missing}; it has {params} (used by {symbol.used_by})"
+        positional = [p for p in params if p in symbol.params]
+        assert positional == list(symbol.params), f"{symbol.path}: parameters reordered: {params}"
+    if symbol.fields:
+        owner = symbol.owner()
+        missing = [f for f in symbol.fields if f not in members(owner)]
+        assert not missing, f"{symbol.path} lacks fields {missing} (used by {symbol.used_by})"
+
+
+def test_installed_version_is_supported_and_tested():
+    version = compat.check_version()
+    assert str(version) in compat.TESTED, f"SGLang {version} runs in CI but is not marked ci = true in ci/pins.toml"
+
+
+def test_plugin_entry_point_is_discoverable():
+    eps = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins") if ep.value == "atom_sglang.plugin:register"]
+    assert len(eps) == 1, "atom-sglang's sglang.srt.plugins entry point is not installed"
+    assert eps[0].load() is plugin.register
+
+
+def test_plugin_runs_through_sglangs_loader(monkeypatch, caplog):
+    from sglang.srt import plugins
+
+    monkeypatch.setattr(plugins, "_plugins_loaded", False)
+    monkeypatch.setenv("SGLANG_PLUGINS", eps_name())
+    with caplog.at_level(logging.INFO):
+        plugins.load_plugins()
+    assert any("atom-sglang: SGLang" in r.getMessage() and "supported" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_plugin_refuses_an_unsupported_version_with_an_error_line(monkeypatch, caplog):
+    """SGLang swallows the exception (logger.exception); the explicit error line must still be there."""
+    from sglang.srt import plugins
+
+    monkeypatch.setattr(compat, "installed_version", lambda: compat.Version("0.5.10"))
+    monkeypatch.setattr(plugins, "_plugins_loaded", False)
+    monkeypatch.setenv("SGLANG_PLUGINS", eps_name())
+    with caplog.at_level(logging.INFO):
+        plugins.load_plugins()  # must not raise: SGLang catches it
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(m.startswith("atom-sglang: atom-sglang supports SGLang") and "0.5.10" in m for m in errors), errors
+    with pytest.raises(compat.UnsupportedSGLangVersion):
+        plugin.register()
+
+
+def eps_name() -> str:
+    (ep,) = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins") if ep.value.startswith("atom_sglang")]
+    return ep.name
+
+
+def test_hybrid_extension_point_declares_an_architecture_to_sglang():
+    """compat.register_linear_attn_model is how the plugin will declare hybrid architectures whose config
+    SGLang does not recognise; SGLang must then find the spec by architecture and by config class."""
+    from sglang.srt.configs import linear_attn_model_registry as registry
+
+    class TinyHybridConfig:
+        architectures = ["AtomTestHybridForCausalLM"]
+
+    backend = "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend"
+    before = list(registry._LINEAR_ATTN_MODEL_REGISTRY)
+    try:
+        compat.register_linear_attn_model(TinyHybridConfig, backend, ["AtomTestHybridForCausalLM"])
+        spec = registry.get_linear_attn_spec(TinyHybridConfig())
+        assert spec is not None and spec.backend_class_name == backend
+        assert registry.get_linear_attn_spec_by_arch("AtomTestHybridForCausalLM") is spec
+        assert registry.get_linear_attn_spec_by_arch("LlamaForCausalLM") is None
+    finally:
+        registry._LINEAR_ATTN_MODEL_REGISTRY[:] = before

@@ -1,0 +1,126 @@
+"""Pieces of the adapter that need no SGLang: window convention, MRoPE detection, once-per-load weight
+processing, the capability plan and the generated pins module."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from atom_core import catalog
+from atom_sglang import _pins, capabilities, compat
+from atom_sglang.host import SGLangHost, SGLangTP, radix_window
+from atom_sglang.wrapper import guard_weight_processing, reset_weight_processing, uses_mrope
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_radix_window_is_exclusive_of_the_query():
+    # transformers: key j visible to query i iff 0 <= i - j < w; SGLang: iff i - j <= w'.
+    for w in (1, 4, 32, 4096):
+        w_sglang = radix_window(w)
+        for distance in range(0, w + 3):
+            assert (distance < w) == (distance <= w_sglang), (w, distance)
+    assert radix_window(None) == -1
+
+
+def test_uses_mrope_follows_sglangs_rule():
+    assert uses_mrope(SimpleNamespace(rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24]}))
+    assert uses_mrope(SimpleNamespace(rope_parameters=None, rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]}))
+    assert not uses_mrope(SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    nested = SimpleNamespace(get_text_config=lambda: SimpleNamespace(rope_parameters={"mrope_section": [1, 1, 2]}))
+    assert uses_mrope(nested)
+
+
+class CountingMethod:
+    def __init__(self):
+        self.calls: dict[str, int] = {}
+
+    def process_weights_after_loading(self, layer):
+        self.calls[layer.name] = self.calls.get(layer.name, 0) + 1
+
+
+class Layer(nn.Module):
+    def __init__(self, name, method):
+        super().__init__()
+        self.name, self.quant_method = name, method
+
+
+def test_weight_processing_runs_once_per_load():
+    shared = CountingMethod()  # one method object shared by two layers, as schemes may do
+    model = nn.Sequential(Layer("a", shared), Layer("b", shared))
+    guard_weight_processing(model)
+    guard_weight_processing(model)  # idempotent: no double wrapping
+    for layer in model:  # ATOM's loader, then SGLang's post-processing loop
+        layer.quant_method.process_weights_after_loading(layer)
+    for layer in model:
+        layer.quant_method.process_weights_after_loading(layer)
+    assert shared.calls == {"a": 1, "b": 1}
+    reset_weight_processing(model)  # a weight update converts again
+    for layer in model:
+        layer.quant_method.process_weights_after_loading(layer)
+    assert shared.calls == {"a": 2, "b": 2}
+
+
+def test_host_sliding_window_is_one_per_model():
+    def layer(window):
+        return SimpleNamespace(attn=SimpleNamespace(sliding_window_size=window))
+
+    host = SGLangHost(tp=SGLangTP(SimpleNamespace(rank_in_group=0, world_size=1)))
+    assert host.sliding_window() is None
+    host.attention_layers = [layer(-1), layer(31), layer(31)]
+    assert host.sliding_window() == 31
+    host.attention_layers.append(layer(15))
+    with pytest.raises(ValueError, match="different sliding windows"):
+        host.sliding_window()
+
+
+def test_capability_plan_covers_the_catalog():
+    served, skipped = capabilities.plan()
+    assert sorted(served + list(skipped)) == sorted(catalog.ARCHITECTURES)
+    for name in served:
+        assert capabilities.missing(catalog.get(name)) == []
+    for name, why in skipped.items():
+        assert why == "; ".join(capabilities.missing(catalog.get(name)))
+    unknown = catalog.ArchSpec("FooForCausalLM", "m:C", "foo", "t:C", "foo", capabilities=frozenset({"telepathy"}))
+    assert capabilities.missing(unknown) == [
+        "capability 'telepathy' is unknown to atom-sglang (add it to atom_sglang.capabilities)"
+    ]
+    hybrid = catalog.ArchSpec("BarForCausalLM", "m:C", "bar", "t:C", "bar",
+                              capabilities=frozenset({catalog.TEXT, catalog.HYBRID}))
+    assert len(capabilities.missing(hybrid)) == 1 and "linear_attention_state" in capabilities.missing(hybrid)[0]
+
+
+def test_version_check_names_the_range():
+    low = sorted(_pins.TESTED)[0]
+    assert compat.unsupported_reason(low) is None
+    for bad in ("0.5.20", "0.6.0"):
+        reason = compat.unsupported_reason(bad)
+        assert reason is not None and _pins.SUPPORTED in reason and bad in reason
+        with pytest.raises(compat.UnsupportedSGLangVersion, match=bad):
+            compat.check_version(bad)
+    assert compat.unsupported_reason(None) == "SGLang is not installed"
+
+
+def test_generated_files_match_pins():
+    result = subprocess.run([sys.executable, str(ROOT / "ci" / "compat_tables.py"), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_tp_adapter_delegates_to_the_group():
+    calls = []
+    group = SimpleNamespace(
+        rank_in_group=1, world_size=2,
+        all_reduce=lambda x: calls.append(("all_reduce",)) or x * 2,
+        all_gather=lambda x, dim: calls.append(("all_gather", dim)) or torch.cat([x, x], dim=dim),
+    )
+    tp = SGLangTP(group)
+    assert (tp.rank, tp.world_size) == (1, 2)
+    assert torch.equal(tp.all_reduce(torch.ones(2)), torch.full((2,), 2.0))
+    assert tp.all_gather(torch.ones(1, 3), dim=-1).shape == (1, 6)
+    assert calls == [("all_reduce",), ("all_gather", -1)]
