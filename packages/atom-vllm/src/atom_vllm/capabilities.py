@@ -12,49 +12,52 @@ import importlib
 from dataclasses import dataclass
 
 from atom_core import catalog
-from atom_core.catalog import TEXT
+from atom_core.catalog import HYBRID, MROPE, MULTIMODAL, TEXT
 
 
 @dataclass(frozen=True)
 class Extension:
     needs: str  # what the wrapper (and the host) must provide for this capability
     bases: tuple[str, ...] = ()  # "module:Class" of the vLLM interfaces the wrapper derives from
-    flag: str | None = None  # the flag vLLM's inspection reports for it (registry._ModelInfo)
+    # the flags vLLM reports for it: inspection's registry._ModelInfo fields, and supports_mrope (asked of the
+    # class with vllm's interfaces.supports_mrope: it is not an inspection field)
+    flags: tuple[str, ...] = ()
     implemented: bool = True
+    mixin: str | None = None  # "module:Class" of atom-vllm's implementation of those interfaces
 
+
+INTERFACES = "vllm.model_executor.models.interfaces"
 
 EXTENSIONS: dict[str, Extension] = {
     TEXT: Extension(
         "the base wrapper (vLLM's VllmModelForTextGeneration): __init__(*, vllm_config, prefix), forward, "
         "embed_input_ids, compute_logits, load_weights -> set[str], packed_modules_mapping",
-        flag="is_text_generation_model",
+        flags=("is_text_generation_model",),
     ),
     "pipeline-parallel": Extension(
         "SupportsPP: atom-core models built for a [start_layer, end_layer) slice (vLLM's PPMissingLayer "
         "elsewhere), forward taking/returning IntermediateTensors {hidden_states, residual}, "
         "make_empty_intermediate_tensors (required by vLLM <= 0.27, see compat)",
-        bases=("vllm.model_executor.models.interfaces:SupportsPP",), flag="supports_pp", implemented=False,
+        bases=(f"{INTERFACES}:SupportsPP",), flags=("supports_pp",), implemented=False,
     ),
-    "hybrid": Extension(
-        "IsHybrid (+ HasInnerState): classmethods get_mamba_state_shape_from_config, "
-        "get_mamba_state_dtype_from_config, get_mamba_state_copy_func (vLLM 0.15.1+); "
-        "VllmHost.linear_attention_state returning a vLLM MambaBase layer registered in "
-        "static_forward_context (mamba_type: str <= 0.20.2, enum 0.21+; bind_kv_cache 0.28+) that reads "
-        "its conv/SSM state and slot indices from the forward context",
-        bases=("vllm.model_executor.models.interfaces:IsHybrid", "vllm.model_executor.models.interfaces:HasInnerState"),
-        flag="is_hybrid", implemented=False,
+    HYBRID: Extension(
+        "IsHybrid + HasInnerState: classmethods get_mamba_state_shape_from_config, "
+        "get_mamba_state_dtype_from_config, get_mamba_state_copy_func; VllmHost.linear_attention_state "
+        "returning a vLLM MambaBase layer that reads its conv/SSM state and slots from vLLM's GDN metadata",
+        bases=(f"{INTERFACES}:IsHybrid", f"{INTERFACES}:HasInnerState"), flags=("is_hybrid", "has_inner_state"),
+        mixin="atom_vllm.hybrid:HybridModel",
     ),
-    "multimodal": Extension(
-        "SupportsMultiModal: embed_multimodal(**kwargs) (0.11.1+ name), embed_input_ids merging the "
-        "multimodal embeddings, get_placeholder_str, and a processor registered with "
-        "MULTIMODAL_REGISTRY.register_processor (processing info, dummy-inputs builder)",
-        bases=("vllm.model_executor.models.interfaces:SupportsMultiModal",), flag="supports_multimodal",
-        implemented=False,
+    MULTIMODAL: Extension(
+        "SupportsMultiModal: embed_multimodal(**kwargs), embed_input_ids merging the multimodal embeddings "
+        "(deepstack features through a persistent buffer), get_placeholder_str, and vLLM's own processor "
+        "of the architecture registered on the wrapper",
+        bases=(f"{INTERFACES}:SupportsMultiModal",), flags=("supports_multimodal",),
+        mixin="atom_vllm.multimodal:MultimodalModel",
     ),
-    "mrope": Extension(
+    MROPE: Extension(
         "SupportsMRoPE: get_mrope_input_positions(input_tokens, mm_features) -> (positions [3, T], delta) "
         "(0.11.1+ signature); forward then receives positions of shape [3, T]",
-        bases=("vllm.model_executor.models.interfaces:SupportsMRoPE",), implemented=False,
+        bases=(f"{INTERFACES}:SupportsMRoPE",), flags=("supports_mrope",), mixin="atom_vllm.multimodal:MRoPEModel",
     ),
 }
 
@@ -83,16 +86,25 @@ def plan() -> tuple[list[str], dict[str, str]]:
     return served, skipped
 
 
+def _load(target: str):
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _extensions(spec: catalog.ArchSpec) -> list[Extension]:
+    return [EXTENSIONS[capability] for capability in sorted(spec.capabilities)]
+
+
 def vllm_bases(spec: catalog.ArchSpec) -> tuple[type, ...]:
     """The vLLM interface classes the wrapper of ``spec`` derives from (imports vLLM)."""
-    bases = []
-    for capability in sorted(spec.capabilities):
-        for target in EXTENSIONS[capability].bases:
-            module, _, name = target.partition(":")
-            bases.append(getattr(importlib.import_module(module), name))
-    return tuple(bases)
+    return tuple(_load(target) for ext in _extensions(spec) for target in ext.bases)
+
+
+def mixins(spec: catalog.ArchSpec) -> tuple[type, ...]:
+    """atom-vllm's implementations of those interfaces (they come first in the wrapper's bases)."""
+    return tuple(_load(ext.mixin) for ext in _extensions(spec) if ext.mixin)
 
 
 def expected_flags(spec: catalog.ArchSpec) -> dict[str, bool]:
-    """The capability flags vLLM's inspection must report for the wrapper of ``spec``."""
-    return {ext.flag: capability in spec.capabilities for capability, ext in EXTENSIONS.items() if ext.flag}
+    """The capability flags vLLM must report for the wrapper of ``spec``."""
+    return {flag: capability in spec.capabilities for capability, ext in EXTENSIONS.items() for flag in ext.flags}

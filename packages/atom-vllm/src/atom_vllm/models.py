@@ -17,39 +17,46 @@ import torch
 from atom_core import catalog
 from atom_core.errors import UnsupportedConfigError
 from atom_core.quant import parse_quant_config
-from atom_vllm.capabilities import missing, plan, vllm_bases
+from atom_vllm.capabilities import missing, mixins, plan, vllm_bases
 from atom_vllm.host import VllmHost
 
 
 class VllmModelAdapter:
-    """vLLM's text-generation model interface over an atom-core ``CausalLM`` (the next class in the MRO)."""
+    """vLLM's text-generation model interface over an atom-core ``CausalLM``.
+
+    A wrapper's bases are ``(*capability mixins, VllmModelAdapter, *vLLM interfaces, atom-core class)``: the
+    mixins implement vLLM's interfaces, so the interfaces' own stubs and defaults never answer; calls meant
+    for the atom-core model name it (``atom_class``) rather than rely on ``super()``."""
 
     atom_spec: ClassVar[catalog.ArchSpec]
+    atom_class: ClassVar[type]  # the atom-core model class (last in the bases)
     packed_modules_mapping: ClassVar[dict[str, list[str]]]
 
     def __init__(self, *, vllm_config: Any, prefix: str = ""):
         hf_config = vllm_config.model_config.hf_config
         host = VllmHost(vllm_config, quant=parse_quant_config(hf_config))
-        super().__init__(hf_config, host, prefix)
+        self.atom_class.__init__(self, hf_config, host, prefix)
         self.host = [host]  # a list keeps the host out of the module tree
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return super().embed_input_ids(input_ids)
+        return self.atom_class.embed_input_ids(self, input_ids)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                inputs_embeds: torch.Tensor | None = None, **atom_inputs: Any) -> torch.Tensor:
+        """``atom_inputs``: extra inputs of the atom-core model's forward that a capability's mixin supplies
+        (Qwen3-VL's ``deepstack``); vLLM itself passes none."""
         if intermediate_tensors is not None:
             raise UnsupportedConfigError(f"{type(self).__name__}: ATOM's models do not support pipeline parallelism yet")
-        return super().forward(input_ids, positions, inputs_embeds)
+        return self.atom_class.forward(self, input_ids, positions, inputs_embeds, **atom_inputs)
 
     def compute_logits(self, hidden_states: torch.Tensor, sampling_metadata: Any = None) -> torch.Tensor:
         # vLLM <= 0.10.2 passed sampling_metadata; 0.11+ does not.  Every TP rank gets the full vocabulary.
-        return super().compute_logits(hidden_states)
+        return self.atom_class.compute_logits(self, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Consume vLLM's weight iterator with atom-core's loader: a checkpoint tensor the model does not use,
         or a parameter no tensor wrote, is an error naming them (vLLM then checks the returned set too)."""
-        return super().load_weights(weights, strict=True)
+        return self.atom_class.load_weights(self, weights, strict=True)
 
 
 def build_class(spec: catalog.ArchSpec) -> type:
@@ -62,9 +69,10 @@ def build_class(spec: catalog.ArchSpec) -> type:
         "__qualname__": spec.name,
         "__doc__": f"ATOM's {spec.name} ({spec.model}) inside vLLM.",
         "atom_spec": spec,
+        "atom_class": atom_cls,
         "packed_modules_mapping": dict(atom_cls.weight_mapper.packed_modules_mapping),
     }
-    return type(spec.name, (VllmModelAdapter, *vllm_bases(spec), atom_cls), namespace)
+    return type(spec.name, (*mixins(spec), VllmModelAdapter, *vllm_bases(spec), atom_cls), namespace)
 
 
 _classes: dict[str, type] = {}

@@ -1,0 +1,182 @@
+"""Hybrid (linear-attention) models inside vLLM: vLLM's mamba-state contract over atom-core's GDN layers.
+
+vLLM keeps the per-sequence state of a linear-attention layer in its KV-cache pool, one *block* per
+sequence (more under prefix caching), and learns what to allocate from two places:
+
+* the model class (:class:`HybridModel`, with vLLM's ``IsHybrid`` + ``HasInnerState``): the per-block
+  state shapes and dtypes from the config alone (``get_mamba_state_shape_from_config`` /
+  ``..._dtype_from_config``, used to size pages before the model exists) and the functions that copy a
+  block's states for prefix caching (``get_mamba_state_copy_func``);
+* each layer (:class:`VllmLinearAttentionState`, a vLLM ``MambaBase`` registered in
+  ``static_forward_context`` under the layer's name): the same shapes and dtypes, and its ``mamba_type``,
+  which selects vLLM's GDN metadata builder.  vLLM binds the layer's ``(conv, ssm)`` state tensors to it.
+
+Layouts: the SSM state is V-major, ``[blocks, HV, V, K]`` (what vLLM's GDN kernels and copy functions
+use); the conv state is as vLLM lays it out (``(width - 1, dim)`` per block by default, see
+:func:`atom_vllm.compat.conv_state_dim_first`); atom-core's kernels take either through strides.  The
+shapes come from atom-core (:func:`atom_core.layers.gdn.gdn_state_shapes`,
+:func:`atom_kernels.gdn.ssm_state_shape`); the dtypes follow vLLM's cache settings
+(``mamba_cache_dtype``, ``mamba_ssm_cache_dtype``), as for vLLM's own GDN layers.
+
+Per step, :meth:`VllmLinearAttentionState.step` turns vLLM's ``GDNAttentionMetadata`` (decode tokens
+first, then packed prefills; state indices; ``has_initial_state``; ``query_start_loc``) into atom-core's
+:class:`~atom_core.host.LinearAttentionStep`.  Speculative decoding is refused (vLLM's draft-token state
+rollback is not wired yet).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from atom_core.errors import UnsupportedConfigError
+from atom_core.host import LinearAttentionStep
+from atom_core.layers.gdn import GDNConfig, gdn_state_shapes
+from atom_kernels.gdn import V_MAJOR, ssm_state_shape
+from atom_vllm import compat
+
+StateShapes = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def _refuse_speculative_decoding(vllm_config: Any, what: str) -> None:
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is not None and (getattr(spec, "num_speculative_tokens", 0) or 0) > 0:
+        raise UnsupportedConfigError(
+            f"{what}: speculative decoding of hybrid (linear-attention) models is not supported by atom-vllm yet "
+            "(vLLM's per-draft-token state rollback is not wired to ATOM's GDN kernels); run without a "
+            "speculative config, or with ATOM_DISABLE_VLLM_PLUGIN=1 for vLLM's own model"
+        )
+
+
+def state_shapes(vllm_config: Any) -> StateShapes:
+    """Per-block ``(conv_shape, ssm_shape)`` of every linear-attention layer, in vLLM's layout, on one of the
+    config's tensor-parallel ranks."""
+    hf_config = vllm_config.model_config.hf_config
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    return vllm_layout(*gdn_state_shapes(GDNConfig.from_hf(hf_config), tp))
+
+
+def vllm_layout(conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...]) -> StateShapes:
+    """atom-core's logical per-sequence shapes (conv ``(dim, width - 1)``, SSM K-major ``(HV, K, V)``) in the
+    layout vLLM allocates: conv as vLLM orients it, SSM V-major ``(HV, V, K)``."""
+    dim, taps = conv_shape
+    conv = (dim, taps) if compat.conv_state_dim_first() else (taps, dim)
+    return conv, ssm_state_shape(V_MAJOR, *ssm_shape)
+
+
+def state_dtypes(vllm_config: Any) -> tuple[torch.dtype, torch.dtype]:
+    """``(conv dtype, SSM dtype)``: vLLM's rule for GDN layers (conv in ``mamba_cache_dtype``, "auto" = the
+    model's dtype; SSM in ``mamba_ssm_cache_dtype``, "auto" = the conv state's)."""
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator
+
+    cache = vllm_config.cache_config
+    return MambaStateDtypeCalculator.gated_delta_net_state_dtype(
+        vllm_config.model_config.dtype, cache.mamba_cache_dtype, cache.mamba_ssm_cache_dtype
+    )
+
+
+class HybridModel:
+    """vLLM's ``IsHybrid`` classmethods for a wrapper whose atom-core model has Gated DeltaNet layers."""
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: Any) -> StateShapes:
+        _refuse_speculative_decoding(vllm_config, cls.__name__)
+        return state_shapes(vllm_config)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: Any) -> tuple[torch.dtype, torch.dtype]:
+        return state_dtypes(vllm_config)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        """vLLM's copy functions for a GDN layer's (conv, SSM) states: they act on vLLM's own layouts,
+        which are the ones these layers use."""
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+
+        return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
+
+
+def linear_attention_state(vllm_config: Any, prefix: str, conv_shape, ssm_shape, dtype: torch.dtype) -> nn.Module:
+    """The layer :meth:`atom_vllm.host.VllmHost.linear_attention_state` returns (see the module doc)."""
+    _refuse_speculative_decoding(vllm_config, prefix)
+    shapes = vllm_layout(tuple(conv_shape), tuple(ssm_shape))
+    expected = state_shapes(vllm_config)
+    if shapes != expected:
+        raise UnsupportedConfigError(f"{prefix}: state shapes {shapes} differ from the ones sized from the config "
+                                     f"{expected} (the layer and HybridModel.get_mamba_state_shape_from_config disagree)")
+    return _layer_class()(vllm_config, prefix, shapes, state_dtypes(vllm_config))
+
+
+_LAYER_CLASS: type | None = None
+
+
+def _layer_class() -> type:
+    """:class:`VllmLinearAttentionState`, built on first use (its base, vLLM's ``MambaBase``, imports vLLM)."""
+    global _LAYER_CLASS
+    if _LAYER_CLASS is None:
+        _LAYER_CLASS = type("VllmLinearAttentionState", (_LinearAttentionState, compat.mamba_base_class()),
+                            {"__module__": __name__, "__doc__": _LinearAttentionState.__doc__})
+    return _LAYER_CLASS
+
+
+class _LinearAttentionState(nn.Module):
+    """One Gated DeltaNet layer's state under vLLM: a vLLM ``MambaBase`` layer (vLLM sizes, allocates and
+    binds its ``(conv, ssm)`` tensors as ``self.kv_cache``) that is also atom-core's
+    :class:`~atom_core.host.LinearAttentionState`.  Holds no parameters."""
+
+    ssm_layout = V_MAJOR
+
+    def __init__(self, vllm_config: Any, prefix: str, shapes: StateShapes, dtypes: tuple[torch.dtype, torch.dtype]):
+        super().__init__()
+        self.prefix = prefix
+        self._shapes = shapes
+        self._dtypes = tuple(dtypes)
+        self._conv_dim_first = compat.conv_state_dim_first()
+        self.kv_cache = (torch.tensor([]), torch.tensor([]))  # until vLLM binds its blocks
+        context = vllm_config.compilation_config.static_forward_context
+        if prefix in context:
+            raise UnsupportedConfigError(f"duplicate layer name {prefix!r} in vLLM's forward context")
+        context[prefix] = self
+
+    # -- vLLM's MambaBase
+    def get_state_shape(self) -> StateShapes:
+        return self._shapes
+
+    def get_state_dtype(self) -> tuple[torch.dtype, ...]:
+        return self._dtypes
+
+    @property
+    def mamba_type(self):
+        return compat.gdn_mamba_type()
+
+    # -- atom-core's LinearAttentionState
+    def step(self) -> LinearAttentionStep:
+        """This forward step's pools and slots, from vLLM's forward context.  No metadata for this layer
+        (vLLM's profiling and warm-up runs) is a step without tokens: the layer outputs zeros."""
+        from vllm.forward_context import get_forward_context
+
+        metadata = get_forward_context().attn_metadata
+        md = metadata.get(self.prefix) if isinstance(metadata, dict) else None
+        conv, ssm = self.kv_cache[0], self.kv_cache[1]
+        if md is None or md.num_actual_tokens == 0:
+            return LinearAttentionStep(conv_state=conv, ssm_state=ssm, ssm_layout=self.ssm_layout)
+        if md.num_spec_decodes:
+            raise UnsupportedConfigError(f"{self.prefix}: speculative-decode tokens reached an ATOM GDN layer")
+        if getattr(md, "checkpoint", None) is not None:  # vLLM 0.32+: mid-prefill state checkpoints for prefix caching
+            raise UnsupportedConfigError(f"{self.prefix}: vLLM asked for mid-prefill state checkpoints, which ATOM's "
+                                         "GDN kernels do not write; run without prefix caching")
+        step = LinearAttentionStep(conv_state=conv if self._conv_dim_first else conv.transpose(-1, -2),
+                                   ssm_state=ssm, ssm_layout=self.ssm_layout)
+        slots = md.non_spec_state_indices_tensor  # [requests]: decodes first, then prefills (then padding)
+        nd, npf = md.num_decodes, md.num_prefills
+        if md.num_decode_tokens:
+            step.num_decode_tokens = md.num_decode_tokens
+            step.decode_slots = slots[:nd]
+        if npf:
+            step.num_prefill_tokens = md.num_prefill_tokens
+            step.prefill_cu_seqlens = md.non_spec_query_start_loc[nd : nd + npf + 1] - md.num_decode_tokens
+            step.prefill_slots = slots[nd : nd + npf]
+            step.prefill_has_initial_state = md.has_initial_state[nd : nd + npf]
+        return step
