@@ -115,7 +115,8 @@ def h200_table(pins: dict) -> str:
                 "| op | case | ATOM | peers | floor | ATOM / floor |", "|---|---|---|---|---|---|"]
         for op in ("rms_norm+residual", "silu_and_mul", "rotary"):
             atom = _pick(dense, op=op, tokens=8192, impl="atom-triton")
-            eager, comp = _time(dense, op=op, tokens=8192, impl="torch-eager"), _time(dense, op=op, tokens=8192, impl="torch-compile")
+            eager = _time(dense, op=op, tokens=8192, impl="torch-eager")
+            comp = _time(dense, op=op, tokens=8192, impl="torch-compile")
             out.append(f"| {op} | 8192 tokens, Llama-3-8B dims | {_us(atom['us'])} | eager {_us(eager)}, torch.compile "
                        f"{_us(comp)} | {_us(atom['floor_us'])} | {atom['us'] / atom['floor_us']:.2f} |")
     _, moe = _latest_rows("moe")
@@ -130,7 +131,8 @@ def h200_table(pins: dict) -> str:
     for case in ("decode N=1", "decode N=64", "decode N=256", "prefill 1x8192", "prefill 8x4096"):
         atom = _pick(gdn, case=case, impl="atom best")
         if atom:
-            fla = next((r["us"] for r in gdn if r.get("case") == case and str(r.get("impl", "")).startswith("fla 0.6.0")), None)
+            fla = next((r["us"] for r in gdn
+                        if r.get("case") == case and str(r.get("impl", "")).startswith("fla 0.6.0")), None)
             mode = "graph" if atom.get("graph") else "eager"
             out.append(f"| GDN {case.split()[0]} | H=16 HV=32 K=V=128, {case.split()[1]} ({mode}) | {_us(atom['us'])} | "
                        f"fla 0.6.0 {_us(fla)} | {_us(atom['floor_us'])} | {atom['ratio_to_floor']:.2f} |")
@@ -139,7 +141,8 @@ def h200_table(pins: dict) -> str:
         for tokens in (1024, 16384):
             atom = _pick(mrope, case=case, T=tokens, impl="atom-triton-best")
             if atom:
-                eager, comp = _time(mrope, case=case, T=tokens, impl="hf-eager"), _time(mrope, case=case, T=tokens, impl="hf-compile")
+                eager = _time(mrope, case=case, T=tokens, impl="hf-eager")
+                comp = _time(mrope, case=case, T=tokens, impl="hf-compile")
                 out.append(f"| MRoPE {case} | T={tokens}, {atom['heads']} heads of {atom['head_size']} | {_us(atom['us'])} | "
                            f"HF eager {_us(eager)}, torch.compile {_us(comp)} | {_us(atom['floor_us'])} | "
                            f"{atom['ratio_to_floor']:.2f} |")
