@@ -147,7 +147,8 @@ def h200_table(pins: dict) -> str:
                            f"HF eager {_us(eager)}, torch.compile {_us(comp)} | {_us(atom['floor_us'])} | "
                            f"{atom['ratio_to_floor']:.2f} |")
     _, quant = _latest_rows("quant")
-    for op, label in (("fp8-rowwise", "FP8 per-token x per-channel"), ("fp8-block", "FP8 128x128 blocks"), ("mxfp4", "MXFP4 weight-only")):
+    gemms = (("fp8-rowwise", "FP8 per-token x per-channel"), ("fp8-block", "FP8 128x128 blocks"), ("mxfp4", "MXFP4 weight-only"))
+    for op, label in gemms:
         for m in (1, 16, 4096):
             atom = _pick(quant, summary="best", op=op, shape="8192x8192", M=m)
             bf16 = _time(quant, summary="best", op="gemm", shape="8192x8192", M=m)
