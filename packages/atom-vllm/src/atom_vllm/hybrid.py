@@ -164,7 +164,7 @@ class _LinearAttentionState(nn.Module):
             return LinearAttentionStep(conv_state=conv, ssm_state=ssm, ssm_layout=self.ssm_layout)
         if md.num_spec_decodes:
             raise UnsupportedConfigError(f"{self.prefix}: speculative-decode tokens reached an ATOM GDN layer")
-        if getattr(md, "checkpoint", None) is not None:  # vLLM 0.32+: mid-prefill state checkpoints for prefix caching
+        if compat.gdn_prefill_checkpoint(md) is not None:  # mid-prefill state checkpoints (prefix caching)
             raise UnsupportedConfigError(f"{self.prefix}: vLLM asked for mid-prefill state checkpoints, which ATOM's "
                                          "GDN kernels do not write; run without prefix caching")
         step = LinearAttentionStep(conv_state=conv if self._conv_dim_first else conv.transpose(-1, -2),
