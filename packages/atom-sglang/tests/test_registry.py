@@ -12,6 +12,7 @@ import json
 import pytest
 from _sglang_env import PACKAGE, run_fresh
 
+from atom_core import catalog
 from atom_sglang import capabilities
 
 pytestmark = pytest.mark.sglang
@@ -27,10 +28,15 @@ out = {"registry": {}, "model_config": {}}
 for arch in archs:
     cls, resolved = ModelRegistry.resolve_model_cls([arch])
     out["registry"][arch] = [cls.__module__, cls.__name__, resolved]
+from sglang.srt.configs.hybrid_arch import hybrid_gdn_config
+out["kind"] = {}
 for arch, path in checkpoints.items():
-    cls, resolved = get_model_architecture(ModelConfig(model_path=path))
-    bases = [b.__module__ + "." + b.__name__ for b in cls.__mro__[1:3]]
+    model_config = ModelConfig(model_path=path)
+    cls, resolved = get_model_architecture(model_config)
+    bases = [b.__module__ + "." + b.__name__ for b in cls.__mro__[1:] if b.__module__.startswith("atom_")]
     out["model_config"][arch] = [cls.__module__, cls.__name__, resolved, bases]
+    out["kind"][arch] = {"hybrid-linear-attention": hybrid_gdn_config(model_config) is not None,
+                         "multimodal": bool(model_config.is_multimodal), "mrope": bool(model_config.model_is_mrope)}
 out["strict"] = {name: cls.__module__ for name, cls in import_model_classes(package, strict=True).items()}
 print(json.dumps(out))
 """
@@ -55,8 +61,17 @@ def test_model_config_path_resolves_to_atom(resolution, tiny_checkpoints):
     assert set(resolution["model_config"]) == set(tiny_checkpoints)
     for arch, (module, name, as_arch, bases) in resolution["model_config"].items():
         assert (module, name, as_arch) == ("atom_sglang.models.catalog", arch, arch), resolution["model_config"][arch]
-        assert bases[0] == "atom_sglang.wrapper.SGLangCausalLM"
-        assert bases[1].startswith("atom_core.models."), bases
+        mixins = [m.__module__ + "." + m.__name__ for m in capabilities.mixins(catalog.get(arch))]
+        assert bases[: len(mixins) + 1] == [*mixins, "atom_sglang.wrapper.SGLangCausalLM"], bases
+        assert bases[len(mixins) + 1].startswith("atom_core.models."), bases
+
+
+def test_sglang_sees_each_architectures_kind(resolution):
+    """What SGLang decides from the config alone matches the catalog: a hybrid GDN model (state pool, hybrid
+    backend), a multimodal model (processor, mm inputs), MRoPE positions."""
+    for arch, kind in resolution["kind"].items():
+        caps = catalog.get(arch).capabilities
+        assert kind == {name: name in caps for name in kind}, (arch, kind)
 
 
 def test_strict_import_of_the_package(resolution):

@@ -1,5 +1,5 @@
 """Pieces of the adapter that need no SGLang: window convention, MRoPE detection, once-per-load weight
-processing, the capability plan and the generated pins module."""
+processing, the capability plan and its mixins, the hybrid state-plan check and the generated pins module."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from torch import nn
 from atom_core import catalog
 from atom_sglang import _pins, capabilities, compat
 from atom_sglang.host import SGLangHost, SGLangTP, radix_window
-from atom_sglang.wrapper import guard_weight_processing, reset_weight_processing, uses_mrope
+from atom_sglang.linear_attention import SGLangLinearAttentionState, check_state_plan
+from atom_sglang.wrapper import guard_weight_processing, reset_weight_processing, uses_mrope, wrapper_class
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -91,9 +92,41 @@ def test_capability_plan_covers_the_catalog():
     assert capabilities.missing(unknown) == [
         "capability 'telepathy' is unknown to atom-sglang (add it to atom_sglang.capabilities)"
     ]
-    hybrid = catalog.ArchSpec("BarForCausalLM", "m:C", "bar", "t:C", "bar",
-                              capabilities=frozenset({catalog.TEXT, catalog.HYBRID}))
-    assert len(capabilities.missing(hybrid)) == 1 and "linear_attention_state" in capabilities.missing(hybrid)[0]
+    staged = catalog.ArchSpec("BarForCausalLM", "m:C", "bar", "t:C", "bar",
+                              capabilities=frozenset({catalog.TEXT, "pipeline-parallel"}))
+    assert len(capabilities.missing(staged)) == 1 and "PPProxyTensors" in capabilities.missing(staged)[0]
+    # Qwen3.5-like entries (hybrid + multimodal + MRoPE) need nothing more than the implemented extensions.
+    qwen35_like = catalog.ArchSpec("Qwen3_5ForConditionalGeneration", "m:C", "qwen3_5", "t:C", "qwen3_5",
+                                   capabilities=frozenset({catalog.TEXT, catalog.HYBRID, catalog.MULTIMODAL, catalog.MROPE}))
+    assert capabilities.missing(qwen35_like) == []
+    assert [m.__name__ for m in capabilities.mixins(qwen35_like)] == ["SGLangMultimodal"]
+
+
+def test_wrapper_class_needs_the_multimodal_hooks_of_the_atom_model():
+    """A multimodal catalog entry whose ATOM class lacks embed_multimodal gets no half-working wrapper."""
+    spec = catalog.ArchSpec("FakeVLForConditionalGeneration", "atom_core.models.llama:Qwen3ForCausalLM", "fake", "t:C",
+                            "fake", capabilities=frozenset({catalog.TEXT, catalog.MULTIMODAL}))
+    with pytest.raises(ValueError, match="lacks \\['embed_multimodal'\\]"):
+        wrapper_class(spec, __name__)
+    vl = wrapper_class(catalog.get("Qwen3VLForConditionalGeneration"), __name__)
+    assert [c.__name__ for c in vl.__mro__[1:4]] == ["SGLangMultimodal", "SGLangCausalLM", "Qwen3VLForConditionalGeneration"]
+
+
+def state(layer_id, conv=(256, 3), ssm=(4, 32, 32)):
+    return SGLangLinearAttentionState(None, f"model.layers.{layer_id}.linear_attn", layer_id, conv, ssm, torch.float32)
+
+
+def test_state_plan_must_match_sglangs_pool():
+    """SGLang sizes its mamba pool from its config; ATOM's GDN layers must be exactly those, with its shapes
+    (V-major SSM: K-major (HV, K, V) = (4, 32, 16) is stored as (4, 16, 32))."""
+    shape = SimpleNamespace(conv=[(256, 3)], temporal=(4, 16, 32))
+    config = SimpleNamespace(mamba2_cache_params=SimpleNamespace(layers=[0, 2], shape=shape))
+    with pytest.raises(ValueError, match="plans linear-attention state for layers \\[0, 2\\].*\\[0, 1\\]"):
+        check_state_plan(config, [state(0, ssm=(4, 32, 16)), state(1, ssm=(4, 32, 16))], "M")
+    with pytest.raises(ValueError, match="SSM \\(4, 16, 32\\).*SSM \\(4, 32, 32\\)"):
+        check_state_plan(config, [state(0, ssm=(4, 32, 16)), state(2)], "M")
+    with pytest.raises(ValueError, match="does not treat this config \\(SimpleNamespace\\) as a hybrid"):
+        check_state_plan(SimpleNamespace(), [state(0)], "M")
 
 
 def test_version_check_names_the_range():
