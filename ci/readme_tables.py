@@ -74,7 +74,97 @@ def vllm_table(pins: dict) -> str:
     return "\n".join(lines)
 
 
-TABLES: dict[str, Callable[[dict], str]] = {"models": models_table, "core-pins": core_pins_table, "vllm": vllm_table}
+# ---- H200 headline numbers, from the newest bench/results/<date>-h200/ (what the GPU run wrote) -------------
+RESULTS = ROOT / "bench" / "results"
+
+
+def _latest_rows(suite: str) -> tuple[dict, list[dict]]:
+    """(context, rows) of the newest H200 results holding ``suite``."""
+    import json
+
+    for folder in sorted(RESULTS.glob("*-h200"), reverse=True):
+        for path in sorted(folder.glob("*.json")):
+            data = json.loads(path.read_text())
+            rows = data.get("suites", {}).get(suite)
+            if isinstance(rows, list):
+                return data["context"], rows
+    return {}, []
+
+
+def _us(value: float | None) -> str:
+    return "—" if value is None else (f"{value:.1f}" if value < 100 else f"{value:.0f}")
+
+
+def _pick(rows: list[dict], **match) -> dict | None:
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _time(rows: list[dict], **match) -> float | None:
+    row = _pick(rows, **match)
+    return None if row is None else row.get("us")
+
+
+def h200_table(pins: dict) -> str:
+    out = []
+    ctx, dense = _latest_rows("dense")
+    if dense:
+        out += [f"Measured on {ctx['gpu']}, {ctx['date']} (torch {ctx['torch']}, Triton {ctx['triton']}); copy bandwidth "
+                f"{ctx['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ctx['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s. "
+                "Times in µs (CUDA-graph replay, median); floor = bytes that must move / measured copy bandwidth "
+                "(or FLOPs / matmul rate).", "",
+                "| op | case | ATOM | peers | floor | ATOM / floor |", "|---|---|---|---|---|---|"]
+        for op in ("rms_norm+residual", "silu_and_mul", "rotary"):
+            atom = _pick(dense, op=op, tokens=8192, impl="atom-triton")
+            eager = _time(dense, op=op, tokens=8192, impl="torch-eager")
+            comp = _time(dense, op=op, tokens=8192, impl="torch-compile")
+            out.append(f"| {op} | 8192 tokens, Llama-3-8B dims | {_us(atom['us'])} | eager {_us(eager)}, torch.compile "
+                       f"{_us(comp)} | {_us(atom['floor_us'])} | {atom['us'] / atom['floor_us']:.2f} |")
+    _, moe = _latest_rows("moe")
+    for tokens in (1, 16, 256, 4096):
+        atom = _pick(moe, tokens=tokens, impl="atom-triton-best")
+        if atom:
+            ref, dense_us = _time(moe, tokens=tokens, impl="torch-reference"), _time(moe, tokens=tokens, impl="cublas-dense-bf16")
+            out.append(f"| fused MoE | E=128 top-8 H=2048 I=768, T={tokens} | {_us(atom['us'])} | torch reference {_us(ref)}, "
+                       f"dense cuBLAS same FLOPs {_us(dense_us)} | {_us(atom['floor_us'])} ({atom['floor_kind']}) | "
+                       f"{atom['ratio_to_floor']:.2f} |")
+    _, gdn = _latest_rows("gdn")
+    for case in ("decode N=1", "decode N=64", "decode N=256", "prefill 1x8192", "prefill 8x4096"):
+        atom = _pick(gdn, case=case, impl="atom best")
+        if atom:
+            fla = next((r["us"] for r in gdn
+                        if r.get("case") == case and str(r.get("impl", "")).startswith("fla 0.6.0")), None)
+            mode = "graph" if atom.get("graph") else "eager"
+            out.append(f"| GDN {case.split()[0]} | H=16 HV=32 K=V=128, {case.split()[1]} ({mode}) | {_us(atom['us'])} | "
+                       f"fla 0.6.0 {_us(fla)} | {_us(atom['floor_us'])} | {atom['ratio_to_floor']:.2f} |")
+    _, mrope = _latest_rows("mrope")
+    for case in ("qwen3-vl", "qwen3-vl+qknorm", "qwen3.5", "qwen3.5+qknorm"):
+        for tokens in (1024, 16384):
+            atom = _pick(mrope, case=case, T=tokens, impl="atom-triton-best")
+            if atom:
+                eager = _time(mrope, case=case, T=tokens, impl="hf-eager")
+                comp = _time(mrope, case=case, T=tokens, impl="hf-compile")
+                out.append(f"| MRoPE {case} | T={tokens}, {atom['heads']} heads of {atom['head_size']} | {_us(atom['us'])} | "
+                           f"HF eager {_us(eager)}, torch.compile {_us(comp)} | {_us(atom['floor_us'])} | "
+                           f"{atom['ratio_to_floor']:.2f} |")
+    _, quant = _latest_rows("quant")
+    gemms = (("fp8-rowwise", "FP8 per-token x per-channel"), ("fp8-block", "FP8 128x128 blocks"), ("mxfp4", "MXFP4 weight-only"))
+    for op, label in gemms:
+        for m in (1, 16, 4096):
+            atom = _pick(quant, summary="best", op=op, shape="8192x8192", M=m)
+            bf16 = _time(quant, summary="best", op="gemm", shape="8192x8192", M=m)
+            lt = _time(quant, op=op, shape="8192x8192", M=m, impl="cublaslt-scaled_mm") if op == "fp8-rowwise" else None
+            floor = next((r["floor_us"] for r in quant if r.get("op") == op and r.get("shape") == "8192x8192"
+                          and r.get("M") == m and r.get("floor_us")), None)
+            if atom and str(atom.get("impl", "")).startswith("atom"):
+                peers = f"bf16 cuBLAS {_us(bf16)}" + (f", torch._scaled_mm {_us(lt)}" if lt else "")
+                ratio = f"{atom['us'] / floor:.2f}" if floor else "—"
+                out.append(f"| {label} GEMM | M={m}, N=K=8192 | {_us(atom['us'])} | {peers} | {_us(floor)} | {ratio} |")
+    return "\n".join(out) if out else "_No H200 results committed yet._"
+
+
+TABLES: dict[str, Callable[[dict], str]] = {
+    "models": models_table, "core-pins": core_pins_table, "vllm": vllm_table, "h200": h200_table,
+}
 
 
 def render(text: str, pins: dict) -> str:

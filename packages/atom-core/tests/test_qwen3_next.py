@@ -39,9 +39,15 @@ GDN_OPS = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "causal
            "rms_norm_gated")
 
 
-def _randomise_degenerate_params(src: str, dst: Path) -> str:
+def _is_vision_norm_weight(name: str) -> bool:
+    """A LayerNorm weight of a vision tower (Qwen3.5's checkpoints share this helper)."""
+    return ".visual." in name and "norm" in name and name.endswith(".weight")
+
+
+def _randomise_degenerate_params(src: str, dst: Path, load=hf_model) -> str:
+    """A copy of the checkpoint in ``src`` (read with ``load``) with the parameters above randomised."""
     if not (dst / "config.json").exists():
-        model = hf_model(src)
+        model = load(src)
         gen = torch.Generator().manual_seed(3)
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -49,13 +55,14 @@ def _randomise_degenerate_params(src: str, dst: Path) -> str:
                     param.copy_(torch.empty(param.shape).uniform_(0.02, 0.4, generator=gen).log())
                 elif name.endswith("dt_bias"):
                     param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
-                elif name.endswith("linear_attn.norm.weight"):
+                elif name.endswith("linear_attn.norm.weight") or _is_vision_norm_weight(name):  # not zero-centred
                     param.copy_(1 + torch.randn(param.shape, generator=gen) * 0.2)
                 elif name.endswith("norm.weight"):  # zero-centred: input/post-attention/final, q_norm, k_norm
                     param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
         model.save_pretrained(str(dst))
-        for extra in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(Path(src) / extra, dst / extra)
+        for extra in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
+            if (Path(src) / extra).is_file():
+                shutil.copy(Path(src) / extra, dst / extra)
     return str(dst)
 
 

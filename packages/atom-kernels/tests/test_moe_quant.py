@@ -12,9 +12,11 @@ from atom_kernels.ops.fused_moe import GemmTile, MoeKernelConfig
 
 CUDA = torch.cuda.is_available()
 TINY = MoeKernelConfig(16, GemmTile(64, 64), GemmTile(64, 64), group_m=2)
-# fp8-block in bf16: the SiLU-and-mul rows are rounded to bf16 and then requantized to fp8, so one
-# bf16 rounding difference (the CPU interpreter truncates) can move an fp8 code.
-TOL = {("fp8-block", torch.float32): 1e-5, ("mxfp4", torch.float32): 1e-5,
+# fp8-block requantizes the SiLU-and-mul rows to fp8 between the two GEMMs: an fp32 summation-order
+# difference (or, in bf16, one bf16 rounding difference; the CPU interpreter truncates) can move a value
+# across an fp8 rounding boundary, one code (2^-3 relative) on one element; seen at 1.1e-4 overall in fp32
+# (CI, seed 53857911). The GPU's FP8 MMA adds its ~14-bit accumulation on top (same bound).
+TOL = {("fp8-block", torch.float32): 1e-3, ("mxfp4", torch.float32): 1e-5,
        ("fp8-block", torch.bfloat16): 4e-2, ("mxfp4", torch.bfloat16): 2e-2}
 
 
@@ -64,9 +66,7 @@ def test_quantized_fused_moe(device, rng, fmt, tokens, experts, top_k, hidden, i
         xd, q13d, q2d, wd, idd = to(device, x, q13, q2, weights, ids)
         out = fused_moe.call_backend("triton", xd, q13d, q2d, wd, idd, quant=quant_to(device, quant), config=config)
         # on the GPU, FP8 MMAs accumulate with ~14 significant bits (see test_quant_ops.FP8_MMA_TOL)
-        tol = TOL[(fmt, dtype)]
-        if device.type == "cuda":
-            tol = max(min(tol, 2e-2), 1e-3 if fmt == "fp8-block" else 0.0)
+        tol = TOL[(fmt, dtype)] if device.type == "cpu" else min(TOL[(fmt, dtype)], 2e-2)
         assert_close(out.cpu(), ref, tol=tol)
 
 
@@ -79,7 +79,8 @@ def test_quantized_fused_moe_expert_parallel(device, rng, fmt):
     ref = fused_moe.call_backend("reference", x, q13, q2, weights, ids, quant=quant, expert_map=expert_map)
     xd, q13d, q2d, wd, idd, md = to(device, x, q13, q2, weights, ids, expert_map)
     out = fused_moe.call_backend("triton", xd, q13d, q2d, wd, idd, quant=quant_to(device, quant), expert_map=md)
-    assert_close(out.cpu(), ref, tol=2e-2 if x.dtype == torch.bfloat16 else 1e-5)
+    tol = TOL[(fmt, x.dtype)] if device.type == "cpu" else min(TOL[(fmt, x.dtype)], 2e-2)
+    assert_close(out.cpu(), ref, tol=tol)
 
 
 def test_fp8_block_reference_quantizes_both_gemm_inputs(rng):

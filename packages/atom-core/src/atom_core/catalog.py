@@ -83,6 +83,25 @@ _TINY_QWEN3_NEXT = dict(
     moe_intermediate_size=96, shared_expert_intermediate_size=128, norm_topk_prob=True, mlp_only_layers=[2],
 )
 
+# Tiny Qwen3.5: the hybrid schedule above with Qwen3.5's real attention shape (head 256, rotary 64 with
+# sections [11, 11, 10] interleaved), a dense MLP (Qwen3.5) or sparse MoE with a shared expert in every layer
+# (Qwen3.5-MoE), and the Qwen3-VL tower without deepstack.
+_TINY_QWEN3_5_TEXT = dict(
+    _TINY_DENSE, head_dim=256, num_hidden_layers=4,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_conv_kernel_dim=4,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                     "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+)
+_TINY_QWEN3_5_VISION = {k: v for k, v in _TINY_VISION.items() if k != "deepstack_visual_indexes"}
+_TINY_QWEN3_5 = dict(_TINY_QWEN3_VL, text_config=_TINY_QWEN3_5_TEXT, vision_config=_TINY_QWEN3_5_VISION)
+_TINY_QWEN3_5_MOE = dict(
+    _TINY_QWEN3_5,
+    text_config=dict({k: v for k, v in _TINY_QWEN3_5_TEXT.items() if k != "intermediate_size"},
+                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=96, shared_expert_intermediate_size=128),
+)
+
 # Checkpoint formats (and online schemes) every dense decoder loads through atom_core.quant:
 # quant_method fp8 (per tensor or 128x128 blocks), compressed-tensors FP8 (PTPC / tensor / block),
 # AMD Quark MXFP4; online ptpc-fp8 / fp8-block / mxfp4.
@@ -146,6 +165,18 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             "Qwen3VLForConditionalGeneration", "atom_core.models.qwen3_vl:Qwen3VLForConditionalGeneration", "qwen-vl",
             "transformers:Qwen3VLForConditionalGeneration", "qwen3_vl",
             capabilities=frozenset({TEXT, MULTIMODAL, MROPE}), tiny=_TINY_QWEN3_VL,
+            tiny_preprocessor=_TINY_QWEN_VL_IMAGES,
+        ),
+        ArchSpec(
+            "Qwen3_5ForConditionalGeneration", "atom_core.models.qwen3_5:Qwen3_5ForConditionalGeneration", "qwen3_5",
+            "transformers:Qwen3_5ForConditionalGeneration", "qwen3_5",
+            capabilities=frozenset({TEXT, HYBRID, MULTIMODAL, MROPE}), tiny=_TINY_QWEN3_5,
+            tiny_preprocessor=_TINY_QWEN_VL_IMAGES,
+        ),
+        ArchSpec(
+            "Qwen3_5MoeForConditionalGeneration", "atom_core.models.qwen3_5:Qwen3_5MoeForConditionalGeneration", "qwen3_5",
+            "transformers:Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",
+            capabilities=frozenset({TEXT, HYBRID, MULTIMODAL, MROPE}), tiny=_TINY_QWEN3_5_MOE,
             tiny_preprocessor=_TINY_QWEN_VL_IMAGES,
         ),
     ]

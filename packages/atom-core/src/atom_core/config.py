@@ -56,7 +56,7 @@ class DecoderConfig:
 
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int | None  # None: the config has no dense MLP size (every layer a mixture of experts)
     num_layers: int
     num_heads: int
     num_kv_heads: int
@@ -82,7 +82,7 @@ class DecoderConfig:
         return cls(
             vocab_size=cfg.vocab_size,
             hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
+            intermediate_size=getattr(cfg, "intermediate_size", None),
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=getattr(cfg, "num_key_value_heads", None) or num_heads,

@@ -10,10 +10,16 @@ host's pools; :meth:`GatedDeltaNet.forward` gets them, with the step's slots, fr
 ``host.linear_attention_state(...).step()`` (see :class:`atom_core.host.LinearAttentionStep`): decode
 tokens go through the fused recurrent kernels, prefill tokens through the chunked ones.
 
-Tensor parallelism splits the key heads (and their value heads) over ranks.  Qwen3-Next's checkpoint
-packs ``in_proj_qkvz`` and ``in_proj_ba`` per key-head group (for each key head: its q, k, then its
-value heads' v, then z; resp. b then a); :class:`GroupedPackedLinear` undoes that packing at load time,
-declared as data (:data:`QWEN3_NEXT_PACKING`), so every rank holds ``[q | k | v | z]`` of its own heads.
+Tensor parallelism splits the key heads (and their value heads) over ranks; every rank holds
+``[q | k | v | z]`` and ``[b | a]`` of its own heads (:data:`PROJECTIONS`).  How the checkpoint stores
+them is data (a :class:`PackedTensor` per checkpoint tensor), undone at load time by
+:class:`GDNProjection`:
+
+* Qwen3-Next (:data:`QWEN3_NEXT_CHECKPOINT`) packs ``in_proj_qkvz`` and ``in_proj_ba`` per key-head
+  group (for each key head: its q, k, then its value heads' v, then z; resp. b then a);
+* Qwen3.5 (:data:`QWEN3_5_CHECKPOINT`) stores ``in_proj_qkv`` (all q, all k, all v), ``in_proj_z``,
+  ``in_proj_b`` and ``in_proj_a``; the weight mapper (:func:`packed_modules`) sends each to its fused
+  projection with the checkpoint name as shard id.
 """
 
 from __future__ import annotations
@@ -37,12 +43,45 @@ from atom_kernels import (
     rms_norm_gated,
 )
 
-# projection -> the pieces each key-head group holds in the checkpoint, in order, with their size in
-# units of the layer's dims (K: key head dim, V: value head dim, G: value heads per key head).
-QWEN3_NEXT_PACKING: dict[str, tuple[tuple[str, str], ...]] = {
+# fused projection -> its shards in the order a rank holds them, with their size per key head in units of
+# the layer's dims (K: key head dim, V: value head dim, G: value heads per key head).
+PROJECTIONS: dict[str, tuple[tuple[str, str], ...]] = {
     "in_proj_qkvz": (("q", "K"), ("k", "K"), ("v", "GV"), ("z", "GV")),
     "in_proj_ba": (("b", "G"), ("a", "G")),
 }
+
+
+@dataclass(frozen=True)
+class PackedTensor:
+    """A checkpoint tensor of a GDN layer: the fused projection it loads into and the shards it holds, in
+    order — ``grouped``: per key head, that head's rows of every shard in turn; else shard after shard."""
+
+    projection: str
+    shards: tuple[str, ...]
+    grouped: bool = False
+
+
+# checkpoint module name (under ``linear_attn``) -> what its tensor holds
+QWEN3_NEXT_CHECKPOINT: dict[str, PackedTensor] = {
+    "in_proj_qkvz": PackedTensor("in_proj_qkvz", ("q", "k", "v", "z"), grouped=True),
+    "in_proj_ba": PackedTensor("in_proj_ba", ("b", "a"), grouped=True),
+}
+QWEN3_5_CHECKPOINT: dict[str, PackedTensor] = {
+    "in_proj_qkv": PackedTensor("in_proj_qkvz", ("q", "k", "v")),
+    "in_proj_z": PackedTensor("in_proj_qkvz", ("z",)),
+    "in_proj_b": PackedTensor("in_proj_ba", ("b",)),
+    "in_proj_a": PackedTensor("in_proj_ba", ("a",)),
+}
+
+
+def packed_modules(checkpoint: dict[str, PackedTensor]) -> dict[str, list[tuple[str, str]]]:
+    """:class:`~atom_core.loader.WeightMapper` ``packed`` entries of a checkpoint layout: each tensor named
+    other than its projection goes to that projection, with its own name as the shard id."""
+    packed: dict[str, list[tuple[str, str]]] = {}
+    for name, tensor in checkpoint.items():
+        if name != tensor.projection:
+            packed.setdefault(tensor.projection, []).append((name, name))
+    return packed
 
 
 @dataclass(frozen=True)
@@ -84,27 +123,48 @@ def gdn_state_shapes(cfg: GDNConfig, tp_world: int = 1) -> tuple[tuple[int, int]
     return (cfg.conv_dim(tp_world), cfg.conv_kernel - 1), (heads, cfg.head_k_dim, cfg.head_v_dim)
 
 
-class GroupedPackedLinear(MergedColumnParallelLinear):
-    """A fused column-parallel projection whose checkpoint tensor interleaves its shards per group:
-    for each of ``groups`` groups, that group's rows of every shard in shard order.  Loaded with shard
-    None it is un-interleaved into the shards, each then split over the ranks like any fused shard."""
+class GDNProjection(MergedColumnParallelLinear):
+    """A fused column-parallel projection (:data:`PROJECTIONS`) loaded from the checkpoint tensors
+    ``sources`` describes: shard id (None for a tensor named like the projection) -> :class:`PackedTensor`.
+    Each source is cut into its shards (un-interleaving the ``groups`` key-head groups of a grouped one),
+    each shard then split over the ranks like any fused shard."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], groups: int, *, shard_ids: list[str], **kw: Any):
+    def __init__(self, input_size: int, output_sizes: list[int], groups: int, *, shard_ids: list[str],
+                 sources: dict[str | None, PackedTensor], **kw: Any):
         self.groups = groups
+        self.sources = sources
         super().__init__(input_size, output_sizes, shard_ids=shard_ids, **kw)
+        held = sorted(s for source in sources.values() for s in source.shards)
+        if held != sorted(self.shard_ids):
+            raise CheckpointError(f"{self.prefix}: checkpoint tensors {sorted(map(str, sources))} hold shards {held}, "
+                                  f"the projection has {self.shard_ids}")
+        if None not in sources:  # the loader's coverage check counts the checkpoint tensors
+            for param in self.parameters(recurse=False):
+                if param.shard_ids != (None,):
+                    param.shard_ids = tuple(sources)
 
-    def _load_fused(self, param: nn.Parameter, loaded: Any) -> None:
-        dim, divisor = param.output_dim, param.out_divisor
-        per_group = [divide(size, self.groups * divisor, f"{self.prefix} shard rows per group") for size in self.output_sizes]
-        tensor = materialize(loaded)
-        if tensor.shape[dim] != self.groups * sum(per_group):
-            raise ValueError(f"shape mismatch: checkpoint {tuple(tensor.shape)} has {tensor.shape[dim]} rows along dim {dim}, "
-                             f"expected {self.groups} groups of {sum(per_group)}")
-        grouped = tensor.unflatten(dim, (self.groups, sum(per_group)))
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        source = self.sources.get(shard_id)
+        if source is None:  # one logical shard
+            super().weight_loader(param, loaded, shard_id)
+            return
+        dim = getattr(param, "output_dim", None)
+        if dim is None or getattr(param, "per_shard", False):  # not split along the output features
+            for shard in source.shards:
+                super().weight_loader(param, loaded, shard)
+            return
+        groups = self.groups if source.grouped else 1
+        rows = [divide(self.output_sizes[self.shard_ids.index(s)], groups * param.out_divisor,
+                       f"{self.prefix} shard {s} rows per group") for s in source.shards]
+        if loaded.dim() <= dim or loaded.shape[dim] != groups * sum(rows):
+            raise ValueError(f"shape mismatch: checkpoint {tuple(loaded.shape)} along dim {dim}, expected "
+                             f"{groups} group(s) of {sum(rows)} rows ({', '.join(source.shards)})")
         offset = 0
-        for shard_id, rows in zip(self.shard_ids, per_group):
-            self.weight_loader(param, grouped.narrow(dim + 1, offset, rows).flatten(dim, dim + 1), shard_id)
-            offset += rows
+        for shard, count in zip(source.shards, rows):
+            pieces = [loaded.narrow(dim, g * sum(rows) + offset, count) for g in range(groups)]
+            part = pieces[0] if groups == 1 else torch.cat([materialize(p) for p in pieces], dim)
+            super().weight_loader(param, part, shard)
+            offset += count
 
 
 class GDNConv1d(nn.Module):
@@ -156,7 +216,7 @@ class GatedRMSNorm(nn.Module):
 
 class GatedDeltaNet(nn.Module):
     def __init__(self, cfg: GDNConfig, layer_id: int, *, host: Host, prefix: str,
-                 packing: dict[str, tuple[tuple[str, str], ...]] = QWEN3_NEXT_PACKING):
+                 checkpoint: dict[str, PackedTensor] = QWEN3_NEXT_CHECKPOINT):
         super().__init__()
         world, rank = host.tp.world_size, host.tp.rank
         H, HV, K, V = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
@@ -167,11 +227,12 @@ class GatedDeltaNet(nn.Module):
         self.head_k_dim, self.head_v_dim = K, V
         self.conv_dim = cfg.conv_dim(world)
 
-        def projection(name: str) -> GroupedPackedLinear:
-            pieces = packing[name]
-            sizes = [H * cfg.unit(unit) for _, unit in pieces]
-            return GroupedPackedLinear(cfg.hidden_size, sizes, H, shard_ids=[shard for shard, _ in pieces], host=host,
-                                       prefix=f"{prefix}.{name}")
+        def projection(name: str) -> GDNProjection:
+            shards = PROJECTIONS[name]
+            sources = {None if ckpt == name else ckpt: t for ckpt, t in checkpoint.items() if t.projection == name}
+            return GDNProjection(cfg.hidden_size, [H * cfg.unit(unit) for _, unit in shards], H,
+                                 shard_ids=[shard for shard, _ in shards], sources=sources, host=host,
+                                 prefix=f"{prefix}.{name}")
 
         self.in_proj_qkvz = projection("in_proj_qkvz")
         self.in_proj_ba = projection("in_proj_ba")

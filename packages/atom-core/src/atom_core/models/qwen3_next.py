@@ -12,6 +12,10 @@ rmsnorm₀ is the zero-centred RMSNorm (weight stored as w - 1).  Full attention
 head, q then an output gate; q̂ and k̂ are per-head zero-centred RMSNorms; rotary covers
 ``partial_rotary_factor`` (0.25) of the head dim.  Multi-token-prediction weights (``mtp.*``) are not
 used.
+
+The decoder is shared with Qwen3.5 (:mod:`atom_core.models.qwen3_5`), which passes its own MLPs
+(``build_mlp``), its GDN checkpoint layout and multimodal rotary positions (then the q/k norms run inside
+the MRoPE kernel).
 """
 
 from __future__ import annotations
@@ -25,14 +29,14 @@ from atom_core.config import DecoderConfig, hybrid_layer_types, text_config
 from atom_core.errors import UnsupportedConfigError
 from atom_core.host import Host
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from atom_core.layers.gdn import GatedDeltaNet, GDNConfig
+from atom_core.layers.gdn import QWEN3_NEXT_CHECKPOINT, GatedDeltaNet, GDNConfig, PackedTensor
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.moe import SparseMoeBlock
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import get_rope
+from atom_core.layers.rotary import MRotaryEmbedding, get_rope
 from atom_core.loader.experts import with_experts
 from atom_core.models.base import CausalLM
-from atom_core.models.llama import DENSE_MAPPER, GatedMLP, _join
+from atom_core.models.llama import DENSE_MAPPER, GatedMLP, MLPBuilder, _join
 from atom_core.models.qwen_moe import is_sparse_layer, qwen_router
 
 MAPPER = with_experts(DENSE_MAPPER, ignored=(r"^mtp\.",))
@@ -61,31 +65,42 @@ class GatedAttention(nn.Module):
         T, D = x.shape[0], self.head_dim
         q_gate, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q_gate = q_gate.view(T, self.num_heads, 2, D)
-        q = self.q_norm(q_gate[:, :, 0].reshape(-1, D)).view(T, -1)
-        k = self.k_norm(k.reshape(-1, D)).view(T, -1)
-        q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q, k, v) * torch.sigmoid(q_gate[:, :, 1].reshape(T, -1))
+        q, gate = q_gate[:, :, 0], q_gate[:, :, 1]
+        if isinstance(self.rotary_emb, MRotaryEmbedding):  # norms and rotation in one kernel, q in place beside its gate
+            q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
+        else:
+            q = self.q_norm(q.reshape(-1, D)).view(T, -1)
+            k = self.k_norm(k.reshape(-1, D)).view(T, -1)
+            q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q.reshape(T, -1), k, v) * torch.sigmoid(gate.reshape(T, -1))
         return self.o_proj(out)
 
 
+def qwen3_next_mlp(hf_config: Any, cfg: DecoderConfig, layer_id: int, *, host: Host, prefix: str) -> nn.Module:
+    """Sparse MoE with a σ-gated shared expert, or a dense MLP in ``mlp_only_layers``."""
+    text = text_config(hf_config)
+    if not is_sparse_layer(text, layer_id):
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=False, host=host, prefix=prefix)
+    shared = GatedMLP(cfg.hidden_size, text.shared_expert_intermediate_size, bias=False, host=host,
+                      prefix=f"{prefix}.shared_expert")
+    return SparseMoeBlock(cfg.hidden_size, qwen_router(text), text.moe_intermediate_size, host=host, prefix=prefix,
+                          shared_expert=shared, shared_expert_gate=True)
+
+
 class Qwen3NextDecoderLayer(nn.Module):
-    def __init__(self, hf_config: Any, cfg: DecoderConfig, layer_id: int, *, host: Host, prefix: str):
+    def __init__(self, hf_config: Any, cfg: DecoderConfig, layer_id: int, *, host: Host, prefix: str,
+                 build_mlp: MLPBuilder, gdn_checkpoint: dict[str, PackedTensor] = QWEN3_NEXT_CHECKPOINT):
         super().__init__()
         text = text_config(hf_config)
         self.layer_type = hybrid_layer_types(text)[layer_id]
         if self.layer_type == LINEAR_ATTENTION:
-            self.linear_attn = GatedDeltaNet(GDNConfig.from_hf(hf_config), layer_id, host=host, prefix=f"{prefix}.linear_attn")
+            self.linear_attn = GatedDeltaNet(GDNConfig.from_hf(hf_config), layer_id, host=host, prefix=f"{prefix}.linear_attn",
+                                             checkpoint=gdn_checkpoint)
         elif self.layer_type == FULL_ATTENTION:
             self.self_attn = GatedAttention(cfg, layer_id, host=host, prefix=f"{prefix}.self_attn")
         else:
             raise UnsupportedConfigError(f"{prefix}: layer type {self.layer_type!r} is not supported")
-        if is_sparse_layer(text, layer_id):
-            shared = GatedMLP(cfg.hidden_size, text.shared_expert_intermediate_size, bias=False, host=host,
-                              prefix=f"{prefix}.mlp.shared_expert")
-            self.mlp = SparseMoeBlock(cfg.hidden_size, qwen_router(text), text.moe_intermediate_size, host=host,
-                                      prefix=f"{prefix}.mlp", shared_expert=shared, shared_expert_gate=True)
-        else:
-            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=False, host=host, prefix=f"{prefix}.mlp")
+        self.mlp = build_mlp(layer_id, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
 
@@ -100,11 +115,19 @@ class Qwen3NextDecoderLayer(nn.Module):
 
 
 class Qwen3NextModel(nn.Module):
-    def __init__(self, hf_config: Any, cfg: DecoderConfig, *, host: Host, prefix: str):
+    """The hybrid decoder; ``build_mlp(layer_id, prefix)`` makes each layer's MLP (Qwen3-Next's by default)."""
+
+    def __init__(self, hf_config: Any, cfg: DecoderConfig, *, host: Host, prefix: str, build_mlp: MLPBuilder | None = None,
+                 gdn_checkpoint: dict[str, PackedTensor] = QWEN3_NEXT_CHECKPOINT):
         super().__init__()
+        if build_mlp is None:
+            def build_mlp(layer_id: int, mlp_prefix: str) -> nn.Module:
+                return qwen3_next_mlp(hf_config, cfg, layer_id, host=host, prefix=mlp_prefix)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, host=host)
         self.layers = nn.ModuleList(
-            Qwen3NextDecoderLayer(hf_config, cfg, i, host=host, prefix=f"{prefix}.layers.{i}") for i in range(cfg.num_layers)
+            Qwen3NextDecoderLayer(hf_config, cfg, i, host=host, prefix=f"{prefix}.layers.{i}", build_mlp=build_mlp,
+                                  gdn_checkpoint=gdn_checkpoint)
+            for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
 

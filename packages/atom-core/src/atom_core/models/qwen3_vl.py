@@ -94,14 +94,17 @@ class Qwen3VLForConditionalGeneration(CausalLM):
     weight_mapper = _MAPPER
     position_rows = 3  # [3, T] positions: prompt_positions, then index + delta
     mrope_interleaved: ClassVar[bool] = True  # transformers' Qwen3-VL interleaves whatever the config says
+    rope_defaults: ClassVar[dict[str, Any]] = {}  # rope parameters transformers assumes when the config omits them
+    # the checkpoint's ``model``: ``visual`` and ``language_model`` (Qwen3.5 brings its hybrid decoder)
+    model_class: ClassVar[type[nn.Module]] = Qwen3VLModel
 
     def __init__(self, hf_config: Any, host: Host, prefix: str = ""):
         super().__init__()
         self.config = hf_config
         cfg = DecoderConfig.from_hf(hf_config)
-        cfg = dataclasses.replace(cfg, rope={**cfg.rope, "mrope_interleaved": self.mrope_interleaved})
+        cfg = dataclasses.replace(cfg, rope={**self.rope_defaults, **cfg.rope, "mrope_interleaved": self.mrope_interleaved})
         self.decoder_config = cfg
-        self.model = Qwen3VLModel(hf_config, cfg, host=host, prefix=f"{prefix}.model" if prefix else "model")
+        self.model = self.model_class(hf_config, cfg, host=host, prefix=f"{prefix}.model" if prefix else "model")
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, host=host)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.language_model.embed_tokens)
