@@ -1,15 +1,17 @@
-"""Images through SGLang's multimodal path into ATOM's Qwen3-VL, on the CPU, against transformers.
+"""Images through SGLang's multimodal path into ATOM's multimodal models (Qwen3-VL; Qwen3.5 and Qwen3.5-MoE,
+hybrid GDN without deepstack), on the CPU, against transformers.
 
 What SGLang's processor would hand the scheduler is built here from the checkpoint's own image processor:
 one ``MultimodalDataItem`` per image (pixel rows, ``image_grid_thw``, the offsets of its placeholder run,
 its hash pad values) in a ``MultimodalInputs`` whose MRoPE positions and decode delta come from SGLang's
 ``MRotaryEmbedding.get_rope_index`` (the call its Qwen-VL processor makes).  Then the model's
 ``pad_input_ids``, SGLang's ``general_mm_embed_routine`` (embedding cache, a prefill chunk that ends inside
-an image, deepstack), SGLang's per-step MRoPE positions and decode, all through _sglang_batch.
+an image, deepstack where the tower has it), SGLang's per-step MRoPE positions and decode, all through
+_sglang_batch (for the hybrid models over SGLang's mamba pool: the image chunk's GDN state carries over).
 
 Not covered on the CPU: SGLang's processor itself on a real request (it needs the checkpoint's full
 tokenizer/processor files and its async request pipeline); the test checks SGLang picks its Qwen-VL
-processor for ATOM's class."""
+processor for ATOM's classes."""
 
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ from atom_sglang import multimodal
 
 pytestmark = pytest.mark.sglang
 
-ARCH = "Qwen3VLForConditionalGeneration"
+# every multimodal catalog architecture (one not served by atom-sglang is skipped, and test_registry/test_unit
+# require it to be refused explicitly)
+ARCHS = sorted(a for a, spec in catalog.ARCHITECTURES.items() if catalog.MULTIMODAL in spec.capabilities)
 IMAGE_SIZES = [(40, 52), (30, 70)]  # pixels; the tiny processor makes 4x6 and 4x8 patch grids
 TEXT = [5, 17, 99, 3]
 TEXT_ONLY = [11, 300, 7]
@@ -36,17 +40,25 @@ ATOL = 1e-4  # fp32; measured ~1e-6
 
 
 @pytest.fixture(scope="module")
-def vl(tiny_checkpoints, tmp_path_factory):
+def image_files(tmp_path_factory):
     from PIL import Image
 
-    path = tiny_checkpoints[ARCH]
     rng = np.random.default_rng(0)
     files = []
     for i, (h, w) in enumerate(IMAGE_SIZES):
         file = tmp_path_factory.mktemp("images") / f"image{i}.png"
         Image.fromarray((rng.random((h, w, 3)) * 255).astype("uint8")).save(file)
         files.append(str(file))
-    return path, load_images(path, files)
+    return files
+
+
+@pytest.fixture(params=ARCHS)
+def vl(request, tiny_checkpoints, image_files):
+    """(checkpoint, the images as its processor prepares them) of one multimodal architecture."""
+    if request.param not in tiny_checkpoints:
+        pytest.skip(f"atom-sglang does not serve {request.param} (see atom_sglang.capabilities)")
+    path = tiny_checkpoints[request.param]
+    return path, load_images(path, image_files)
 
 
 def sglang_mm_inputs(config, ids: list[int], images):
@@ -91,7 +103,8 @@ def test_images_match_transformers(vl, cpu_runtime, monkeypatch):
     atom_forward = type(model).atom_forward
     monkeypatch.setattr(type(model), "atom_forward", lambda self, *a, **kw: seen.append((a, kw)) or atom_forward(self, *a, **kw))
 
-    hf = catalog.get(ARCH).hf_model_class().from_pretrained(path, dtype=torch.float32).eval()
+    arch = type(model).__name__
+    hf = catalog.get(arch).hf_model_class().from_pretrained(path, dtype=torch.float32).eval()
 
     def hf_logits(tokens):
         t = torch.tensor([tokens])
@@ -104,17 +117,20 @@ def test_images_match_transformers(vl, cpu_runtime, monkeypatch):
     first = batch.step({0: padded[:cut], 1: TEXT_ONLY})
     (_, _, embeds), kw = seen[-1]
     deepstack = kw["deepstack"]
-    assert deepstack is not None and deepstack.token_index is None  # the dense form
-    assert deepstack.embeds.shape == (len(model.deepstack_visual_indexes), cut + len(TEXT_ONLY), embeds.shape[-1])
-    assert deepstack.embeds.any(-1).any(0).nonzero().view(-1).tolist() == image_rows[:5]
+    if model.num_deepstack_embeddings:  # Qwen3-VL
+        assert deepstack is not None and deepstack.token_index is None  # the dense form
+        assert deepstack.embeds.shape == (len(model.deepstack_visual_indexes), cut + len(TEXT_ONLY), embeds.shape[-1])
+        assert deepstack.embeds.any(-1).any(0).nonzero().view(-1).tolist() == image_rows[:5]
+    else:  # Qwen3.5: no deepstack, whatever SGLang's config class defaults to
+        assert deepstack is None and not model.use_deepstack
     rest = batch.step({0: padded[cut:]})
     err = (first[1] - hf(input_ids=torch.tensor([TEXT_ONLY])).logits[0, -1]).abs().max().item()
-    assert err < ATOL, f"text-only request beside the images: {err:.3g}"
+    assert err < ATOL, f"{arch}: text-only request beside the images: {err:.3g}"
     generated, logits = [], rest[0]
     other = int(first[1].argmax())
     for step in range(NEW_TOKENS):
         err = (logits - hf_logits(ids + generated)).abs().max().item()
-        assert err < ATOL, f"image request, step {step}: max |logit - transformers| = {err:.3g}"
+        assert err < ATOL, f"{arch}: image request, step {step}: max |logit - transformers| = {err:.3g}"
         generated.append(int(logits.argmax()))
         if step + 1 < NEW_TOKENS:
             logits = batch.step({0: [generated[-1]], 1: [other]})[0]
@@ -123,16 +139,17 @@ def test_images_match_transformers(vl, cpu_runtime, monkeypatch):
             assert pos[:, 0].tolist() == [len(ids) + step + int(mm_inputs.mrope_position_delta)] * 3
 
 
-def test_sglang_picks_its_qwen_vl_processor_for_atoms_class(tiny_checkpoints, cpu_runtime):
+def test_sglang_picks_its_qwen_vl_processor_for_atoms_class(vl, cpu_runtime):
     """SGLang chooses processors by the model class's name: its own Qwen-VL processor serves ATOM's class."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.managers.multimodal_processor import get_mm_processor_cls, import_processors
 
     import_processors("sglang.srt.multimodal.processors")
-    hf_config = ModelConfig(model_path=tiny_checkpoints[ARCH]).hf_config
+    hf_config = ModelConfig(model_path=vl[0]).hf_config
+    (arch,) = hf_config.architectures
     processor = get_mm_processor_cls(hf_config)
     assert processor is not None and processor.__module__ == "sglang.srt.multimodal.processors.qwen_vl"
-    assert ARCH in {m.__name__ for m in processor.models}
+    assert arch in {m.__name__ for m in processor.models}
 
 
 def test_videos_are_refused(vl, cpu_runtime):
