@@ -1,4 +1,5 @@
-"""SGLang resolves every catalog architecture atom-sglang serves to ATOM's class.
+"""SGLang resolves every catalog architecture to ATOM's class (or, for one atom-sglang cannot serve yet, to
+the class that refuses it with an error: there is none in the catalog today).
 
 The checks run in one fresh interpreter with SGLANG_EXTERNAL_MODEL_PACKAGE set, because SGLang reads
 the variable once, when ``sglang.srt.models.registry`` is first imported.  The module of each resolved
@@ -27,7 +28,7 @@ archs, checkpoints, package = json.loads(%r)
 out = {"registry": {}, "model_config": {}}
 for arch in archs:
     cls, resolved = ModelRegistry.resolve_model_cls([arch])
-    out["registry"][arch] = [cls.__module__, cls.__name__, resolved]
+    out["registry"][arch] = [cls.__module__, cls.__name__, resolved, getattr(cls, "atom_refusal", None)]
 from sglang.srt.configs.hybrid_arch import hybrid_gdn_config
 out["kind"] = {}
 for arch, path in checkpoints.items():
@@ -44,16 +45,17 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def resolution(tiny_checkpoints):
-    served, _ = capabilities.plan()
-    return run_fresh(SCRIPT % json.dumps([served, tiny_checkpoints, PACKAGE]))
+    return run_fresh(SCRIPT % json.dumps([sorted(catalog.ARCHITECTURES), tiny_checkpoints, PACKAGE]))
 
 
-def test_registry_resolves_every_served_architecture_to_atom(resolution):
-    served, _ = capabilities.plan()
-    assert set(resolution["registry"]) == set(served)
-    for arch, (module, name, as_arch) in resolution["registry"].items():
+def test_registry_resolves_every_catalog_architecture_to_atom(resolution):
+    """Served architectures to their wrapper, the others to the class refusing them (never SGLang's own)."""
+    _, skipped = capabilities.plan()
+    assert set(resolution["registry"]) == set(catalog.ARCHITECTURES)
+    for arch, (module, name, as_arch, refusal) in resolution["registry"].items():
         assert module == "atom_sglang.models.catalog", f"{arch} resolved to {module}.{name}, not ATOM's class"
         assert (name, as_arch) == (arch, arch)
+        assert refusal == skipped.get(arch), (arch, refusal)
 
 
 def test_model_config_path_resolves_to_atom(resolution, tiny_checkpoints):
@@ -76,5 +78,4 @@ def test_sglang_sees_each_architectures_kind(resolution):
 
 def test_strict_import_of_the_package(resolution):
     """SGLang imports external packages non-strictly (errors are only logged); strict must pass too."""
-    served, _ = capabilities.plan()
-    assert resolution["strict"] == dict.fromkeys(served, "atom_sglang.models.catalog")
+    assert resolution["strict"] == dict.fromkeys(catalog.ARCHITECTURES, "atom_sglang.models.catalog")

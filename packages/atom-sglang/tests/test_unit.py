@@ -16,7 +16,7 @@ from atom_core import catalog
 from atom_sglang import _pins, capabilities, compat
 from atom_sglang.host import SGLangHost, SGLangTP, radix_window
 from atom_sglang.linear_attention import SGLangLinearAttentionState, check_state_plan
-from atom_sglang.wrapper import guard_weight_processing, reset_weight_processing, uses_mrope, wrapper_class
+from atom_sglang.wrapper import entry_classes, guard_weight_processing, reset_weight_processing, uses_mrope, wrapper_class
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -95,11 +95,36 @@ def test_capability_plan_covers_the_catalog():
     staged = catalog.ArchSpec("BarForCausalLM", "m:C", "bar", "t:C", "bar",
                               capabilities=frozenset({catalog.TEXT, "pipeline-parallel"}))
     assert len(capabilities.missing(staged)) == 1 and "PPProxyTensors" in capabilities.missing(staged)[0]
-    # Qwen3.5-like entries (hybrid + multimodal + MRoPE) need nothing more than the implemented extensions.
-    qwen35_like = catalog.ArchSpec("Qwen3_5ForConditionalGeneration", "m:C", "qwen3_5", "t:C", "qwen3_5",
-                                   capabilities=frozenset({catalog.TEXT, catalog.HYBRID, catalog.MULTIMODAL, catalog.MROPE}))
-    assert capabilities.missing(qwen35_like) == []
-    assert [m.__name__ for m in capabilities.mixins(qwen35_like)] == ["SGLangMultimodal"]
+    # Qwen3.5 (hybrid + multimodal + MRoPE) needs nothing more than the implemented extensions.
+    for name in ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"):
+        assert capabilities.missing(catalog.get(name)) == []
+        assert [m.__name__ for m in capabilities.mixins(catalog.get(name))] == ["SGLangMultimodal"]
+
+
+def test_every_catalog_architecture_is_served_or_refused(monkeypatch, caplog):
+    """EntryClass holds one class per catalog architecture: ATOM's wrapper, or — for an entry with a capability
+    atom-sglang lacks, or whose wrapper cannot be built — a class that refuses to build with the reason, named
+    in an error line at import.  SGLang never falls back to its own / Transformers implementation for them."""
+    import logging
+
+    staged = catalog.ArchSpec("StagedForCausalLM", "atom_core.models.llama:Qwen3ForCausalLM", "staged", "t:C", "staged",
+                              capabilities=frozenset({catalog.TEXT, "pipeline-parallel"}))
+    broken = catalog.ArchSpec("BrokenVLForConditionalGeneration", "atom_core.models.llama:Qwen3ForCausalLM", "broken",
+                              "t:C", "broken", capabilities=frozenset({catalog.TEXT, catalog.MULTIMODAL}))
+    for spec in (staged, broken):
+        monkeypatch.setitem(catalog.ARCHITECTURES, spec.name, spec)
+    with caplog.at_level(logging.ERROR, logger="atom_sglang.wrapper"):
+        classes = {cls.__name__: cls for cls in entry_classes(__name__)}
+    assert list(classes) == list(catalog.ARCHITECTURES)
+    refused = {name for name, cls in classes.items() if hasattr(cls, "atom_refusal")}
+    assert refused == {staged.name, broken.name}
+    for name, match in ((staged.name, "PPProxyTensors"), (broken.name, "lacks \\['embed_multimodal'\\]")):
+        assert classes[name].__module__ == __name__
+        with pytest.raises(ValueError, match=f"atom-sglang does not serve {name}: .*{match}.*SGLANG_EXTERNAL_MODEL_PACKAGE"):
+            classes[name](config=None)
+        assert any(f"does not serve {name}" in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+    for name in set(classes) - refused:
+        assert issubclass(classes[name], catalog.get(name).model_class())
 
 
 def test_wrapper_class_needs_the_multimodal_hooks_of_the_atom_model():

@@ -1,8 +1,9 @@
 """What the SGLang wrapper of a catalog model does for each capability the catalog entry declares.
 
 A capability this adapter does not implement yet is listed with what it needs.  Architectures that
-declare one are left out of ``EntryClass`` (SGLang keeps serving them with its own implementation) and
-an error line names the architecture and what is missing — never a half-working wrapper.  The
+declare one get a class in ``EntryClass`` that refuses to build, and an error line names the architecture
+and what is missing — never a half-working wrapper, never a silent fallback to SGLang's own or its
+Transformers implementation (:func:`atom_sglang.wrapper.entry_classes`).  The
 capability names are shared with atom-vllm.  Imports neither torch nor SGLang.
 """
 

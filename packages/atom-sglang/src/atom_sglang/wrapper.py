@@ -200,15 +200,34 @@ def wrapper_class(spec: ArchSpec, module: str) -> type:
 
 
 def entry_classes(module: str) -> list[type]:
-    """One wrapper class per catalog architecture atom-sglang can serve.  The others are named in an
-    error line (SGLang then serves them with its own implementation)."""
-    served, skipped = capabilities.plan()
-    for name, why in skipped.items():
-        logger.error("atom-sglang does not serve %s (SGLang's own implementation, if any, is used): %s", name, why)
+    """One class per catalog architecture: the wrapper when atom-sglang can serve it, else a class that
+    refuses to build (:func:`refusing_class`), named in an error line at import.  Every catalog architecture
+    is therefore ATOM's or an explicit error — never a silent fallback to SGLang's own or Transformers
+    implementation while the user asked for ATOM's."""
+    _, skipped = capabilities.plan()
     classes = []
-    for name in served:
-        try:
-            classes.append(wrapper_class(catalog.get(name), module))
-        except Exception:  # one broken catalog entry must not hide the others from SGLang
-            logger.exception("atom-sglang could not build its SGLang class for %s", name)
+    for name in catalog.ARCHITECTURES:
+        why = skipped.get(name)
+        if why is None:
+            try:
+                classes.append(wrapper_class(catalog.get(name), module))
+                continue
+            except Exception as err:  # one broken catalog entry must not hide the others from SGLang
+                logger.exception("atom-sglang could not build its SGLang class for %s", name)
+                why = f"its SGLang class could not be built: {err}"
+        logger.error("atom-sglang does not serve %s: %s. Its class refuses to build; unset "
+                     "SGLANG_EXTERNAL_MODEL_PACKAGE to serve it with SGLang's own implementation.", name, why)
+        classes.append(refusing_class(name, why, module))
     return classes
+
+
+def refusing_class(name: str, why: str, module: str) -> type:
+    """A model class named ``name`` whose construction raises, saying why atom-sglang cannot serve it (SGLang
+    stops loading the model with that error)."""
+
+    def __init__(self, config: Any = None, quant_config: Any = None, prefix: str = ""):
+        raise UnsupportedConfigError(f"atom-sglang does not serve {name}: {why}. Unset SGLANG_EXTERNAL_MODEL_PACKAGE "
+                                     "to serve it with SGLang's own implementation.")
+
+    return type(name, (nn.Module,), {"__module__": module, "__qualname__": name, "__init__": __init__,
+                                     "atom_refusal": why, "__doc__": f"atom-sglang refuses {name}: {why}"})
