@@ -73,14 +73,15 @@ MOE_UP_SIG = {
     "w_stride_e": "i32", "w_stride_n": "i32", "s_ptr": "*fp32", "s_stride_e": "i32", "s_stride_n": "i32",
     "act_ptr": "*bf16", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32", "num_row_blocks": "i32",
     **{name: "constexpr" for name in ("TOP_K", "H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT",
-                                       "SHIFT")},
+                                       "SHIFT", "C")},
 }
 MOE_DOWN_SIG = {
     "a_ptr": "*fp8e4nv", "a_stride": "i32", "as_ptr": "*fp32", "as_stride": "i32", "w_ptr": "*fp8e4nv",
     "w_stride_e": "i32", "w_stride_n": "i32", "s_ptr": "*fp32", "s_stride_e": "i32", "s_stride_n": "i32",
     "out_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32",
     "num_row_blocks": "i32",
-    **{name: "constexpr" for name in ("H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT", "SHIFT")},
+    **{name: "constexpr" for name in ("H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT", "SHIFT",
+                                       "C")},
 }
 
 
@@ -101,9 +102,10 @@ def moe_cases():
             for kernel, sig, tile, extra in ((_moe_up_quant_kernel, MOE_UP_SIG, cfg.up, {"TOP_K": 8}),
                                              (_moe_down_quant_kernel, MOE_DOWN_SIG, cfg.down, {})):
                 sig = sig if fmt == 0 else _mxfp4_signature(sig)
+                block_k = 128 if fmt == 0 else tile.block_k
+                c = 1 if fmt == 0 else chunk_groups(2048 if extra else 768, block_k)
                 constexprs = dict(H=2048, I=768, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n,
-                                  BLOCK_K=128 if fmt == 0 else tile.block_k, GROUP_M=cfg.group_m, EXACT=False, SHIFT=32,
-                                  **extra)
+                                  BLOCK_K=block_k, GROUP_M=cfg.group_m, EXACT=False, SHIFT=32, C=c, **extra)
                 divisible = [name for name in sig if name.endswith("_ptr") or "stride" in name]
                 yield f"moe_{'up' if extra else 'down'}_{fmt_name}_{shape_class}", (
                     lambda k=kernel, s=sig, c=constexprs, d=divisible, t=tile: compile_sm90(k, s, c, d, t.num_warps,
@@ -126,7 +128,7 @@ def small_m_cases():
     for name, (n, k), over in (("small_m_8192", (8192, 8192), {}), ("small_m_2880", (5760, 2880), {"reduce": "pass"}),
                                ("small_m_wgmma", (8192, 8192), {"mma": "wgmma", "block_n": 64, "num_stages": 3})):
         p = plan(1, n, k, torch.device("cpu"), dict(SMALL_M_DEFAULT, split_k=4, **over))
-        constexprs = dict(K=k, K_SPLIT=p["k_split"], SPLIT_K=p["split"], C=chunk_groups(k), HAS_BIAS=True,
+        constexprs = dict(K=k, K_SPLIT=p["k_split"], SPLIT_K=p["split"], C=p["c"], HAS_BIAS=True,
                           REDUCE=int(p["reduce"] == "in_kernel"), WGMMA=p["mma"] == "wgmma", BLOCK_N=p["block_n"],
                           BLOCK_M=16, BLOCK_K=p["block_k"], EXACT=False, SHIFT=32, EVEN_N=n % p["block_n"] == 0,
                           EVEN_K=p["k_split"] * p["split"] == k)

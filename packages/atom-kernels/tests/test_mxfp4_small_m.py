@@ -53,10 +53,12 @@ def test_scale_multiplier_bits(e):
 
 def test_chunk_groups_and_plan():
     assert [small.chunk_groups(k) for k in (32, 64, 96, 128, 2880, 8192)] == [1, 2, 1, 4, 2, 4]
+    assert small.chunk_groups(8192, 64) == 2 and small.chunk_groups(2880, 256) == 2
     p = small.plan(1, 8192, 8192, torch.device("cpu"), {"block_n": 128, "block_k": 256})
-    assert p["split"] * p["k_split"] >= 8192 and p["k_split"] % 256 == 0
-    with pytest.raises(ValueError, match="multiple of 128"):
-        small.plan(1, 64, 256, torch.device("cpu"), {"block_k": 64})
+    assert p["split"] * p["k_split"] >= 8192 and p["k_split"] % 256 == 0 and p["c"] == 4
+    assert small.plan(1, 64, 256, torch.device("cpu"), {"block_k": 64})["c"] == 2
+    with pytest.raises(ValueError, match="power of two"):
+        small.plan(1, 64, 256, torch.device("cpu"), {"block_k": 96})
 
 
 # --------------------------------------------------------------------------------- the kernel
@@ -69,6 +71,7 @@ CASES = [  # (m, n, k, config override): C = 1 (K 96, 160), 2 (K 320, 2880-like 
     (16, 64, 1024, {"mma": "wgmma", "block_n": 64, "split_k": 4}),
     (5, 40, 160, {"block_n": 64}),
     (2, 96, 1024, {"block_n": 32, "num_warps": 1, "split_k": 4, "block_k": 128}),
+    (1, 64, 512, {"block_k": 64, "mma": "wgmma", "block_n": 64}),  # C = 2 from block_k although K allows 4
 ]
 
 

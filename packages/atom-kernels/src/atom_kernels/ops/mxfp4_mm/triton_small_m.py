@@ -128,10 +128,11 @@ def decode_pair_bits(word: int, pair: int) -> int:
     return ((t << 2) & 0xFFFFFFFF) & _PAIR_MASK
 
 
-def chunk_groups(k: int) -> int:
-    """Scale groups per contiguous run of one thread (4 -> 16-byte loads), the largest that divides K/32."""
-    groups = k // MX_GROUP
-    return 4 if groups % 4 == 0 else 2 if groups % 2 == 0 else 1
+def chunk_groups(k: int, block_k: int | None = None) -> int:
+    """Scale groups per contiguous run of one thread (4 -> 16-byte loads): the largest of 4, 2, 1 that
+    divides ``K / 32`` (and ``block_k / 32``)."""
+    groups = [k // MX_GROUP] + ([block_k // MX_GROUP] if block_k else [])
+    return next(c for c in (4, 2, 1) if all(g % c == 0 for g in groups))
 
 
 @triton.jit
@@ -160,6 +161,47 @@ def decode_words(words, e, SHIFT: tl.constexpr, EXACT: tl.constexpr):
 
 
 @triton.jit
+def word_runs(NB: tl.constexpr, C: tl.constexpr):
+    """Word offsets ``[NB, 4C]`` of one K step's memory runs (row start 0): block ``b`` holds words ``4C b ..``."""
+    return (tl.arange(0, NB) * (4 * C))[:, None] + tl.arange(0, 4 * C)[None, :]
+
+
+@triton.jit
+def run_scales(NB: tl.constexpr, C: tl.constexpr):
+    """Scale offsets ``[NB, 4]`` (row start 0) of thread ``t``'s run in each block: group ``C b + C t // 4``."""
+    return (tl.arange(0, NB) * C)[:, None] + (C * tl.arange(0, 4) // 4)[None, :]
+
+
+@triton.jit
+def logical_tile(words, e, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, C: tl.constexpr, WGMMA: tl.constexpr,
+                 EXACT: tl.constexpr, SHIFT: tl.constexpr):
+    """Memory runs ``words [BLOCK_N, NB, 4C]`` int32 and their scales ``e [BLOCK_N, NB, 4]`` -> the decoded
+    weight tile ``[BLOCK_N, BLOCK_K]`` (values ``* 2**-SHIFT``) in the logical K order of ``activation_k``."""
+    NB: tl.constexpr = BLOCK_K // (32 * C)
+    W: tl.constexpr = BLOCK_K // 8
+    words = tl.reshape(tl.permute(tl.reshape(words, (BLOCK_N, NB, 4, C)), (0, 1, 3, 2)), (BLOCK_N, W))  # [.., j, t]
+    e = tl.reshape(tl.broadcast_to(e[:, :, None, :], (BLOCK_N, NB, C, 4)), (BLOCK_N, W))
+    v = decode_words(words, e, SHIFT, EXACT)  # [BLOCK_N, W, 8]: code order within each word
+    if WGMMA:  # code 2 p + l of word (j, t) -> logical 32 j + 8 p + 2 t + l
+        v = tl.permute(tl.reshape(v, (BLOCK_N, NB, C, 4, 4, 2)), (0, 1, 2, 4, 3, 5))
+    return tl.reshape(v, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def activation_k(BLOCK_K: tl.constexpr, C: tl.constexpr, WGMMA: tl.constexpr):
+    """The natural K offset (from the step start) of each logical K position: logical
+    ``32C blk + 32 j + 8 t + i`` ("sync") or ``32C blk + 32 j + 8 p + 2 t + l`` ("wgmma", i = 2 p + l) holds
+    code ``i`` of memory word ``C t + j`` of block ``blk``, natural ``32C blk + 8 (C t + j) + i``."""
+    kl = tl.arange(0, BLOCK_K)
+    base = (kl // (32 * C)) * (32 * C) + 8 * ((kl // 32) % C)
+    if WGMMA:
+        kn = base + 8 * C * ((kl // 2) % 4) + 2 * ((kl // 8) % 4) + kl % 2
+        return tl.max_contiguous(tl.multiple_of(kn, 2), 2)
+    kn = base + 8 * C * ((kl // 8) % 4) + kl % 8
+    return tl.max_contiguous(tl.multiple_of(kn, 8), 8)
+
+
+@triton.jit
 def _mxfp4_small_m_kernel(
     w_ptr, s_ptr, x_ptr, out_ptr, ws_ptr, lock_ptr, bias_ptr,
     N, M, stride_xm, stride_om,
@@ -167,9 +209,7 @@ def _mxfp4_small_m_kernel(
     REDUCE: tl.constexpr, WGMMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SHIFT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
 ):
-    RUN: tl.constexpr = 4 * C  # words per row and block of 32*C elements
-    NB: tl.constexpr = BLOCK_K // (32 * C)  # blocks per K step
-    W: tl.constexpr = BLOCK_K // 8  # words per row and K step
+    NB: tl.constexpr = BLOCK_K // (32 * C)  # blocks of 32*C elements per K step
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -179,23 +219,14 @@ def _mxfp4_small_m_kernel(
     if not EVEN_N:
         offs_n = tl.where(mask_n, offs_n, 0)  # padding columns read column 0 (in bounds), never stored
     blk = tl.arange(0, NB)
-    # memory words [BLOCK_N, NB, RUN]: one contiguous run of RUN words per row and block
-    w_off = offs_n.to(tl.int64)[:, None, None] * (K // 8) + (blk * RUN)[None, :, None] + tl.arange(0, RUN)[None, None, :]
-    # the scale of memory word C t + j is group C blk + (C t) // 4 of the step (the same for every j)
-    t4 = tl.arange(0, 4)
-    s_off = offs_n.to(tl.int64)[:, None, None] * (K // 32) + (blk * C)[None, :, None] + (C * t4 // 4)[None, None, :]
-    # the activation of each logical k (module docstring): natural 32C blk + 8 (C t + j) + code index
-    kl = tl.arange(0, BLOCK_K)
-    base = (kl // (32 * C)) * (32 * C) + 8 * ((kl // 32) % C)
-    if WGMMA:  # logical 32C blk + 32 j + 8 p + 2 t + l <- code 2 p + l of word C t + j
-        kn = base + 8 * C * ((kl // 2) % 4) + 2 * ((kl // 8) % 4) + kl % 2
-        kn = tl.max_contiguous(tl.multiple_of(kn, 2), 2)
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:  # logical 32C blk + 32 j + 8 t + i <- code i of word C t + j
-        kn = base + 8 * C * ((kl // 8) % 4) + kl % 8
-        kn = tl.max_contiguous(tl.multiple_of(kn, 8), 8)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    w_off = offs_n.to(tl.int64)[:, None, None] * (K // 8) + word_runs(NB, C)[None, :, :]
+    s_off = offs_n.to(tl.int64)[:, None, None] * (K // 32) + run_scales(NB, C)[None, :, :]
+    kn = activation_k(BLOCK_K, C, WGMMA)
     x_off = offs_m.to(tl.int64)[:, None] * stride_xm + kn[None, :]
+    if WGMMA:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
     for step in range(0, K_SPLIT, BLOCK_K):
         k0 = pid_k * K_SPLIT + step
@@ -208,16 +239,12 @@ def _mxfp4_small_m_kernel(
             words = tl.load(w_ptr + (w_off + k0 // 8), mask=blk_ok[None, :, None], other=0)
             e = tl.load(s_ptr + (s_off + k0 // 32), mask=blk_ok[None, :, None], other=0)
             x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None] & ((k0 + kn) < K)[None, :], other=0.0)
-        # logical word order [.., blk, j, t]
-        words = tl.reshape(tl.permute(tl.reshape(words, (BLOCK_N, NB, 4, C)), (0, 1, 3, 2)), (BLOCK_N, W))
-        e = tl.reshape(tl.broadcast_to(e[:, :, None, :], (BLOCK_N, NB, C, 4)), (BLOCK_N, W))
-        v = decode_words(words, e, SHIFT, EXACT)  # [BLOCK_N, W, 8]
+        w_tile = logical_tile(words, e, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
         x = x.to(tl.float32) if EXACT else x.to(tl.bfloat16)
         if WGMMA:
-            v = tl.permute(tl.reshape(v, (BLOCK_N, NB, C, 4, 4, 2)), (0, 1, 2, 4, 3, 5))  # [.., j, p, t, l]
-            acc = _dot(tl.reshape(v, (BLOCK_N, BLOCK_K)), tl.trans(x), acc, EXACT)
+            acc = _dot(w_tile, tl.trans(x), acc, EXACT)
         else:
-            acc = _dot(x, tl.trans(tl.reshape(v, (BLOCK_N, BLOCK_K))), acc, EXACT)
+            acc = _dot(x, tl.trans(w_tile), acc, EXACT)
     if WGMMA:
         acc = tl.trans(acc)
     acc = acc * (2.0 ** SHIFT)
@@ -286,9 +313,9 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     """Launch parameters of one call (a dict the bench records)."""
     cfg = dict(DEFAULT, **(config or {}))
     block_k = cfg["block_k"]
-    c = chunk_groups(k)
-    if block_k % (MX_GROUP * c):
-        raise ValueError(f"block_k {block_k} must be a multiple of {MX_GROUP * c} for K = {k}")
+    if block_k % MX_GROUP or block_k & (block_k - 1):
+        raise ValueError(f"block_k must be a power of two >= {MX_GROUP}, got {block_k}")
+    c = chunk_groups(k, block_k)
     tiles = triton.cdiv(n, cfg["block_n"])
     k_iters = triton.cdiv(k, block_k)
     split = cfg["split_k"]
