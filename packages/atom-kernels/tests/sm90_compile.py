@@ -122,11 +122,11 @@ SMALL_M_SIG = {
 
 def small_m_cases():
     """The small-M kernel's default on the bench's two shapes (N = K = 8192; gpt-oss' 5760 x 2880, a ragged
-    last K step) with both reductions, and its warpgroup-MMA arrangement."""
+    last K step) with both reductions, and its mma.sync arrangement."""
     import torch
 
     for name, (n, k), over in (("small_m_8192", (8192, 8192), {}), ("small_m_2880", (5760, 2880), {"reduce": "pass"}),
-                               ("small_m_wgmma", (8192, 8192), {"mma": "wgmma", "block_n": 64, "num_stages": 3})):
+                               ("small_m_sync", (8192, 8192), {"mma": "sync", "block_n": 128, "num_stages": 2})):
         p = plan(1, n, k, torch.device("cpu"), dict(SMALL_M_DEFAULT, split_k=4, **over))
         constexprs = dict(K=k, K_SPLIT=p["k_split"], SPLIT_K=p["split"], C=p["c"], HAS_BIAS=True,
                           REDUCE=int(p["reduce"] == "in_kernel"), WGMMA=p["mma"] == "wgmma", BLOCK_N=p["block_n"],

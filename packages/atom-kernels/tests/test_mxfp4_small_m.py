@@ -134,8 +134,9 @@ def test_in_kernel_reduction_resets_its_counters(device, rng):
         x = randn(m, k, gen=rng, dtype=_dtypes(device)[0], device=device)
         out = small.mxfp4_mm_small_m(x, w, s, None, config)
         assert_close(out.cpu(), mxfp4_mm.call_backend("reference", x.cpu(), w.cpu(), s.cpu()), x.dtype)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    assert int(small._LOCKS[(device.type, device.index, stream)].abs().sum()) == 0
+    used = w.device  # the kernel keys its counters by the tensors' device (with its index)
+    stream = torch.cuda.current_stream(used).cuda_stream if used.type == "cuda" else 0
+    assert int(small._LOCKS[(used.type, used.index, stream)].abs().sum()) == 0
 
 
 def test_sweep_configs_agree(device, rng):

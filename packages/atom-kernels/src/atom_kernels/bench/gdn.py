@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from typing import Any
 
 import torch
@@ -209,8 +210,8 @@ PREFILL_SWEEP = {
     "out_warps": [4, 8],
 }
 # --quick: the candidates that decide the defaults, few enough to compile in seconds
-PREFILL_QUICK = {
-    "intra": ["fused", "split"],
+PREFILL_QUICK = {  # the intra_* and inverse knobs only change the "fused"/"solve" kernels
+    "intra": ["fused", "solve", "split"],
     "intra_warps": [1, 2],
     "inverse": ["subst", "double"],
     "state_BV": [32],
@@ -219,10 +220,18 @@ PREFILL_QUICK = {
 }
 
 
+# ATOM_GDN_BENCH_FOCUS=1: only the shipped default ("split") against "fused" and "solve" (the one decision a
+# short GPU run can afford); ATOM_GDN_BENCH_PARTS narrows the run to some of "decode", "prefill", "small" (default all).
+PREFILL_FOCUS = {"intra": ["fused", "solve"]}
+FOCUS_ENV, PARTS_ENV = "ATOM_GDN_BENCH_FOCUS", "ATOM_GDN_BENCH_PARTS"
+PARTS = ("decode", "prefill", "small")
+
+
 def prefill_configs(base: dict, quick: bool) -> list[dict]:
     """The default, then one knob changed at a time."""
     configs = [dict(base)]
-    for knob, values in (PREFILL_QUICK if quick else PREFILL_SWEEP).items():
+    sweep = PREFILL_FOCUS if os.environ.get(FOCUS_ENV) else PREFILL_QUICK if quick else PREFILL_SWEEP
+    for knob, values in sweep.items():
         for value in values:
             if value != base[knob]:
                 configs.append({**base, knob: value})
@@ -377,8 +386,12 @@ def run(ctx: dict) -> list[dict]:
     rows: list[dict] = []
     if fla is None:
         rows.append({"case": "all", "impl": "fla", "skipped": f"flash-linear-attention not importable: {why}"})
+    parts = [p.strip() for p in os.environ.get(PARTS_ENV, ",".join(PARTS)).split(",") if p.strip()]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"{PARTS_ENV}: unknown parts {sorted(unknown)}; known: {PARTS}")
+    producers = {"decode": decode_rows, "prefill": prefill_rows, "small": lambda c, _fla: small_op_rows(c)}
     with torch.inference_mode():
-        rows += decode_rows(ctx, fla)
-        rows += prefill_rows(ctx, fla)
-        rows += small_op_rows(ctx)
+        for part in parts:
+            rows += producers[part](ctx, fla)
     return rows + target_rows(rows)

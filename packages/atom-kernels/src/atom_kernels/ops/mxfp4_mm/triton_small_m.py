@@ -63,19 +63,18 @@ _BLOCK_M = 16
 #        A operand from registers: warpgroup MMA when block_n % 64 == 0 and num_warps % 4 == 0);
 #   block_n: output columns per program; block_k: K per loop step; split_k: "auto" or a count; waves:
 #   programs per SM that "auto" aims for; reduce: "in_kernel" (arrival counters, one kernel) or "pass"
-#   (a second kernel).  Only the bench's measurements can rank these: the defaults are the choice by
-#   instruction count (sm_90 SASS: ~3.8 instructions per weight element in the loop, no spills) until a
-#   GPU run says otherwise.
-DEFAULT: dict = dict(mma="sync", block_n=128, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
-                     num_stages=2)
+#   (a second kernel).  Default from the H200 sweep of 2026-11-30 (``bench mxfp4 --quick``): wgmma, 64 columns,
+#   one stage was best or within 1.4 us of best on every case (8192x8192 M=1: 25.6 us vs bf16 34.3; gpt-oss
+#   w13 M=1/16: 9.1/9.5 us vs 11.2/11.1); the previous default (sync, 128, 2 stages) measured 34.9 us.
+DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
+                     num_stages=1)
 SWEEP: list[dict] = [
     dict(),
-    dict(num_stages=1),
     dict(num_stages=3),
-    dict(block_n=256, block_k=128, num_warps=8, num_stages=3),
-    dict(mma="wgmma", block_n=64, num_stages=3),
-    dict(mma="wgmma", block_n=128, block_k=128, num_stages=3),
-    dict(mma="wgmma", block_n=64, num_stages=1),
+    dict(block_n=128, block_k=128, num_stages=3),
+    dict(mma="sync", block_n=128, num_stages=1),
+    dict(mma="sync", block_n=128, num_stages=2),
+    dict(mma="sync", block_n=256, block_k=128, num_warps=8, num_stages=3),
     dict(waves=8),
     dict(split_k=1),
     dict(reduce="pass"),
