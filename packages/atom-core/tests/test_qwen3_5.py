@@ -207,6 +207,19 @@ def test_default_mrope_section_is_transformers():
     assert model.model.language_model.layers[1].self_attn.rotary_emb.mrope_section == want == (11, 11, 10)
 
 
+def test_vision_tower_has_no_deepstack_whatever_the_config_says():
+    """transformers' Qwen3.5 tower has no deepstack blocks; config classes derived from Qwen3-VL's (SGLang's
+    ``Qwen3_5VisionConfig``) default ``deepstack_visual_indexes`` to [8, 16, 24] when the checkpoint omits it."""
+    from atom_core.runtime.host import NativeHost
+    from atom_core.tiny import tiny_config
+
+    config = tiny_config(DENSE)
+    config.vision_config.deepstack_visual_indexes = [0, 1]
+    visual = catalog.get(DENSE).model_class()(config, NativeHost()).model.visual
+    assert visual.config.deepstack_indexes == () and len(visual.deepstack_merger_list) == 0
+    assert not any("deepstack" in name for name, _ in visual.named_parameters())
+
+
 def test_cli_generate_with_image(q35_dir, image_files, capsys):  # noqa: F811
     """``atom generate --image`` gives transformers' greedy tokens for the image prompt."""
     import json

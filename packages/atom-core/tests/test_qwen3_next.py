@@ -224,3 +224,22 @@ def test_tp2_matches_transformers(next_dir, next_hf, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_bf16_cuda_parity(next_dir, next_hf):
     check_model(next_dir, next_hf, device="cuda", dtype=torch.bfloat16, atol=BF16_LOGIT_ATOL)
+
+
+def test_layer_schedule_from_layer_types_or_full_attention_interval():
+    """transformers' rule: ``layer_types`` when given, else every ``full_attention_interval``-th layer (default
+    4) is full attention — SGLang's own Qwen3NextConfig keeps only the interval."""
+    from types import SimpleNamespace
+
+    from atom_core.config import hybrid_layer_types
+
+    lin, full = "linear_attention", "full_attention"
+    assert hybrid_layer_types(SimpleNamespace(num_hidden_layers=4, full_attention_interval=2)) == [lin, full, lin, full]
+    assert hybrid_layer_types(SimpleNamespace(num_hidden_layers=5)) == [lin, lin, lin, full, lin]
+    given = [full, lin, lin]
+    assert hybrid_layer_types(SimpleNamespace(num_hidden_layers=3, layer_types=given, full_attention_interval=2)) == given
+    from transformers import Qwen3NextConfig
+
+    for interval in (2, 3, 4):
+        hf = Qwen3NextConfig(num_hidden_layers=7, full_attention_interval=interval)
+        assert hybrid_layer_types(SimpleNamespace(num_hidden_layers=7, full_attention_interval=interval)) == hf.layer_types

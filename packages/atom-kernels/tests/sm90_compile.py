@@ -1,6 +1,7 @@
 """Compile ATOM's quantization kernels for sm_90 without a GPU and report what the compiler produced
 (run as a script, with TRITON_INTERPRET unset, by test_sm90_compile.py).  Prints one JSON object:
-case -> {"shared": bytes, "ptx_div_rn": bool, "sass": {opcode: count}}."""
+case -> {"shared": bytes, "ptx_div_rn": bool, "sass": {opcode: count}, "registers": n, "spill_bytes": local +
+stack bytes per thread}."""
 
 import collections
 import json
@@ -17,6 +18,8 @@ from atom_kernels.ops.fp8_gemm import _fp8_gemm_kernel
 from atom_kernels.ops.fused_moe.triton_quant import QUANT_CONFIGS, _moe_down_quant_kernel, _moe_up_quant_kernel
 from atom_kernels.ops.mxfp4_mm.triton import CONFIGS as MX_CONFIGS
 from atom_kernels.ops.mxfp4_mm.triton import _mxfp4_mm_kernel
+from atom_kernels.ops.mxfp4_mm.triton_small_m import DEFAULT as SMALL_M_DEFAULT
+from atom_kernels.ops.mxfp4_mm.triton_small_m import _mxfp4_small_m_kernel, chunk_groups, plan
 from atom_kernels.ops.quant_fp8.triton import _quant_groups_kernel, _quant_rows_kernel
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -37,8 +40,12 @@ def report(compiled) -> dict:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
         text = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin.name], capture_output=True, text=True).stdout
+        usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin.name], capture_output=True,
+                               text=True).stdout
     ops = collections.Counter(m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text))
-    return {"shared": compiled.metadata.shared, "ptx_div_rn": "div.rn.f32" in compiled.asm["ptx"], "sass": dict(ops)}
+    res = {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", usage)}
+    return {"shared": compiled.metadata.shared, "ptx_div_rn": "div.rn.f32" in compiled.asm["ptx"], "sass": dict(ops),
+            "registers": res.get("REG"), "spill_bytes": res.get("STACK", 0) + res.get("LOCAL", 0)}
 
 
 QUANT_ROWS_SIG = {"x_ptr": "*bf16", "x_stride": "i64", "q_ptr": "*fp8e4nv", "q_stride": "i64", "s_ptr": "*fp32",
@@ -66,14 +73,15 @@ MOE_UP_SIG = {
     "w_stride_e": "i32", "w_stride_n": "i32", "s_ptr": "*fp32", "s_stride_e": "i32", "s_stride_n": "i32",
     "act_ptr": "*bf16", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32", "num_row_blocks": "i32",
     **{name: "constexpr" for name in ("TOP_K", "H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT",
-                                       "SHIFT")},
+                                       "SHIFT", "C")},
 }
 MOE_DOWN_SIG = {
     "a_ptr": "*fp8e4nv", "a_stride": "i32", "as_ptr": "*fp32", "as_stride": "i32", "w_ptr": "*fp8e4nv",
     "w_stride_e": "i32", "w_stride_n": "i32", "s_ptr": "*fp32", "s_stride_e": "i32", "s_stride_n": "i32",
     "out_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32",
     "num_row_blocks": "i32",
-    **{name: "constexpr" for name in ("H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT", "SHIFT")},
+    **{name: "constexpr" for name in ("H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT", "SHIFT",
+                                       "C")},
 }
 
 
@@ -94,16 +102,43 @@ def moe_cases():
             for kernel, sig, tile, extra in ((_moe_up_quant_kernel, MOE_UP_SIG, cfg.up, {"TOP_K": 8}),
                                              (_moe_down_quant_kernel, MOE_DOWN_SIG, cfg.down, {})):
                 sig = sig if fmt == 0 else _mxfp4_signature(sig)
+                block_k = 128 if fmt == 0 else tile.block_k
+                c = 1 if fmt == 0 else chunk_groups(2048 if extra else 768, block_k)
                 constexprs = dict(H=2048, I=768, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n,
-                                  BLOCK_K=128 if fmt == 0 else tile.block_k, GROUP_M=cfg.group_m, EXACT=False, SHIFT=32,
-                                  **extra)
+                                  BLOCK_K=block_k, GROUP_M=cfg.group_m, EXACT=False, SHIFT=32, C=c, **extra)
                 divisible = [name for name in sig if name.endswith("_ptr") or "stride" in name]
                 yield f"moe_{'up' if extra else 'down'}_{fmt_name}_{shape_class}", (
                     lambda k=kernel, s=sig, c=constexprs, d=divisible, t=tile: compile_sm90(k, s, c, d, t.num_warps,
                                                                                             t.num_stages))
 
 
+SMALL_M_SIG = {
+    "w_ptr": "*i32", "s_ptr": "*u8", "x_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "lock_ptr": "*i32",
+    "bias_ptr": "*bf16", "N": "i32", "M": "i32", "stride_xm": "i32", "stride_om": "i32",
+    **{name: "constexpr" for name in ("K", "K_SPLIT", "SPLIT_K", "C", "HAS_BIAS", "REDUCE", "WGMMA", "BLOCK_N", "BLOCK_M",
+                                       "BLOCK_K", "EXACT", "SHIFT", "EVEN_N", "EVEN_K")},
+}
+
+
+def small_m_cases():
+    """The small-M kernel's default on the bench's two shapes (N = K = 8192; gpt-oss' 5760 x 2880, a ragged
+    last K step) with both reductions, and its mma.sync arrangement."""
+    import torch
+
+    for name, (n, k), over in (("small_m_8192", (8192, 8192), {}), ("small_m_2880", (5760, 2880), {"reduce": "pass"}),
+                               ("small_m_sync", (8192, 8192), {"mma": "sync", "block_n": 128, "num_stages": 2})):
+        p = plan(1, n, k, torch.device("cpu"), dict(SMALL_M_DEFAULT, split_k=4, **over))
+        constexprs = dict(K=k, K_SPLIT=p["k_split"], SPLIT_K=p["split"], C=p["c"], HAS_BIAS=True,
+                          REDUCE=int(p["reduce"] == "in_kernel"), WGMMA=p["mma"] == "wgmma", BLOCK_N=p["block_n"],
+                          BLOCK_M=16, BLOCK_K=p["block_k"], EXACT=False, SHIFT=32, EVEN_N=n % p["block_n"] == 0,
+                          EVEN_K=p["k_split"] * p["split"] == k)
+        divisible = ["w_ptr", "s_ptr", "x_ptr", "out_ptr", "ws_ptr", "stride_xm", "stride_om", "N"]
+        yield name, (lambda c=constexprs, p=p, d=divisible: compile_sm90(_mxfp4_small_m_kernel, SMALL_M_SIG, c, d,
+                                                                         p["num_warps"], p["num_stages"]))
+
+
 def cases():
+    yield from small_m_cases()
     yield from moe_cases()
     yield "quant_rows", lambda: compile_sm90(_quant_rows_kernel, QUANT_ROWS_SIG, {"K": 8192, "STATIC": False, "BLOCK": 4096},
                                              ["x_ptr", "q_ptr"], 8)

@@ -32,3 +32,28 @@ def test_quant_bench_rows(monkeypatch):
     target = [r for r in rows if r.get("summary") == "mxfp4-vs-bf16"]
     assert [r["M"] for r in target] == [1] and target[0]["speedup_default"] == 1.0
     assert all(r["floor_us"] > 0 for r in rows if "floor_us" in r)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the GPU runs the real suite")
+def test_mxfp4_bench_rows(monkeypatch):
+    """The decode-size MXFP4 suite (the run that picks the small-M kernel's default): every configuration
+    times and checks its error, the summary compares the default and the best with bf16."""
+    from atom_kernels.bench import mxfp4
+    from atom_kernels.ops.mxfp4_mm import triton as mma_triton
+    from atom_kernels.ops.mxfp4_mm import triton_small_m
+
+    monkeypatch.setattr(mxfp4, "measure", lambda fn, **kw: (fn(), {"us": 10.0, "graph": False})[1])
+    monkeypatch.setattr(mxfp4, "SHAPES", {"tiny": (96, 320)})
+    monkeypatch.setattr(mxfp4, "L2_BYTES", 1 << 14)
+    monkeypatch.setattr(mxfp4, "MOE_CASES", {"tiny": (4, 2, 64, 64)})
+    monkeypatch.setattr(triton_small_m, "SWEEP", [{}, {"mma": "wgmma", "block_n": 64}, {"reduce": "pass", "split_k": 2,
+                                                                                       "block_k": 128}])
+    monkeypatch.setattr(mma_triton, "SWEEP", mma_triton.SWEEP[:1])
+    rows = mxfp4.run({"device": "cpu", "copy_bytes_per_s": 4e12, "quick": True})
+    assert not [r for r in rows if "error" in r]
+    timed = [r for r in rows if r.get("op") == "mxfp4"]
+    assert {r["impl"] for r in timed} == {"atom-triton", "small-m sweep", "mma sweep"} and len(timed) == 2 * 4
+    assert all(r["rel_err"] < 1e-2 for r in timed)  # bf16 output of the same product
+    assert {r["case"] for r in rows if r.get("op") == "fused_moe"} == {"tiny"}
+    target = [r for r in rows if r.get("summary") == "mxfp4-vs-bf16"]
+    assert [r["M"] for r in target] == [1, 16] and target[0]["speedup_default"] == 1.0

@@ -6,12 +6,15 @@ passes them), padding slots, both state layouts and HV/H = 1 and 2.  In the inte
 the GPU-only test at the end uses the real head dims.
 """
 
+import importlib.util
+
 import pytest
 import torch
 from helpers import assert_close, randn
 
 from atom_kernels import OPS, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from atom_kernels.gdn import K_MAJOR, STATE_LAYOUTS, V_MAJOR, gating, ssm_state_shape
+from atom_kernels.ops.chunk_gated_delta_rule import triton as chunk_triton
 
 GROUPINGS = [(2, 2), (1, 2)]  # (H, HV): HV/H = 1 and 2
 # fp32: the chunked WY form and the recurrence differ only in rounding (measured ~1e-6 relative)
@@ -193,9 +196,67 @@ def test_prefill_then_decode_equals_recurrence(device, rng, layout):
     assert_close(pool, ref_pool, tol=FP32_TOL)
 
 
+# Kernel variants selectable by config (bench/gdn.py times them side by side): the default (the first version,
+# "split"), the fused intra-chunk kernel, its "solve" mode (A through memory + _wu_kernel), the product-form
+# diagonal inverse, and key/value slices narrower than the head dims (two slices of K=32 and V=32).
+PREFILL_VARIANTS = [
+    ({}, (1, 2)),
+    ({"intra": "fused"}, (2, 2)),
+    ({"intra": "solve"}, (2, 2)),
+    ({"intra": "fused", "inverse": "double"}, (1, 2)),
+    ({"intra": "fused", "intra_BK": 16}, (2, 2)),
+]
+
+
+@pytest.mark.parametrize("config,grouping", PREFILL_VARIANTS, ids=lambda x: str(x).replace(" ", ""))
+def test_prefill_variants_write_every_output(device, rng, monkeypatch, config, grouping):
+    """Every variant equals the reference with every ``torch.empty`` poisoned (NaN floats, huge ints): the
+    output and all intermediates are fully written before they are read, the tokens past cu_seqlens[-1] are
+    zeroed by the kernels (no fill), and odd lengths, an empty sequence and a padding slot are handled."""
+    H, HV = grouping
+    K, V = 32, 32
+    layout = V_MAJOR if H == 1 else K_MAJOR
+    cu, T = packed([70, 0, 1, 19], device, extra=5)
+    x = draw(rng, device, T, H, HV, K, V)
+    pool = state_pool(rng, device, 7, layout, HV, K, V)
+    slots = torch.tensor([6, 2, 0, -1], device=device)
+    init = torch.tensor([True, True, False, True], device=device)
+    args = [x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"]]
+    ref_pool = pool.clone()
+    o_ref = chunk_gated_delta_rule.call_backend("reference", *args, ref_pool, cu, slots, init, state_layout=layout)
+
+    real_empty = torch.empty
+
+    def poisoned_empty(*shape, **kw):
+        t = real_empty(*shape, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(2**30)
+
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    got_pool = pool.clone()
+    o = chunk_triton.chunk_gated_delta_rule(*args, got_pool, cu, slots, init, state_layout=layout, config=config)
+    monkeypatch.undo()
+    assert torch.isfinite(o).all(), "an output element was never written"
+    assert_close(o, o_ref, tol=FP32_TOL)
+    assert_close(got_pool, ref_pool, tol=FP32_TOL)
+    assert torch.equal(o[-5:], torch.zeros_like(o[-5:])), "tokens past cu_seqlens[-1] must be zero"
+    assert torch.equal(got_pool[[1, 3, 4, 5]], pool[[1, 3, 4, 5]]), "slots outside the batch must be untouched"
+
+
+def test_prefill_config_errors_name_the_knob(rng):
+    x = draw(rng, "cpu", 4, 1, 2, 16, 16)
+    pool = state_pool(rng, "cpu", 1, K_MAJOR, 2, 16, 16)
+    args = (x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], pool, torch.tensor([0, 4]), torch.tensor([0]))
+    for knob in ("intra", "inverse"):
+        with pytest.raises(ValueError, match=knob):
+            chunk_triton.chunk_gated_delta_rule(*args, config={knob: "nope"})
+
+
 # --------------------------------------------------------------------------------------------- the spec
 def test_reference_matches_transformers_chunked_form(rng):
     """The recurrence (our specification) equals transformers' independent chunked torch implementation."""
+    if torch.cuda.is_available() and importlib.util.find_spec("fla") is not None:
+        pytest.skip("transformers swaps in fla's Triton kernel for its torch chunked form when fla imports; "
+                    "this CPU comparison would hand it CPU tensors")
     modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
     H, HV, K, V, T = 2, 4, 16, 8, 45
     x = draw(rng, "cpu", T, H, HV, K, V)

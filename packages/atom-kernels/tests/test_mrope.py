@@ -1,12 +1,15 @@
 """MRoPE: the Triton kernel against the torch reference, and the reference against transformers'
 Qwen2-VL / Qwen3-VL / Qwen3.5 rotary embeddings."""
 
+import itertools
+
 import pytest
 import torch
 from conftest import INTERPRET
 from helpers import assert_close, assert_graph_capturable, randn
 
 from atom_kernels import dispatch, mrope, rotary_embedding
+from atom_kernels.ops.mrope import triton as mrope_triton
 from atom_kernels.ops.mrope.reference import section_rows
 from atom_kernels.ops.mrope.triton import unsupported
 
@@ -105,6 +108,70 @@ def test_strided_heads_and_q_only(device, rng):
         outs[backend] = buf
     assert_close(outs["triton"], outs["reference"])
     assert torch.equal(outs["triton"][..., head_size:], q_gate[..., head_size:])
+
+
+# Every kernel variant of the bench sweep, on layouts that exercise its masks: (name, q heads, kv heads,
+# head_size, rotary_dim, section, interleaved, q interleaved with an output gate, fused norm).
+VARIANT_CASES = [
+    # Qwen3.5's proportions (rotary = head / 4, interleaved, gated q, zero-centred norm), head counts not
+    # powers of two
+    ("qwen3.5-like", 5, 3, 64, 16, (3, 3, 2), True, True, True),
+    ("qwen3.5-like-rope", 5, 3, 64, 16, (3, 3, 2), True, True, False),
+    # head_size not a multiple of rotary_dim: the last chunk is partly past the head
+    ("uneven-chunks", 3, 2, 40, 16, (3, 3, 2), False, False, True),
+    # rotary half (12) not a power of two, full rotary
+    ("odd-half", 3, 1, 24, 24, (4, 4, 4), False, True, True),
+]
+VARIANT_CONFIGS = [mrope_triton.Config(1, 1), mrope_triton.Config(2, 2), mrope_triton.Config(4, 1),
+                   mrope_triton.Config(2, 1, "pairs")]
+
+
+@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=lambda c: f"{c.kernel}-h{c.block_h}-w{c.num_warps}")
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: c[0])
+def test_kernel_variants_on_poisoned_strided_buffers(device, rng, case, config):
+    """Each variant against the reference with q (and its gate) and k as views into one fused projection row
+    whose gate and v parts are NaN: a read outside a head poisons the result, a write outside one clears
+    the NaNs, and head blocks that overhang the head count must stay inside their tensor."""
+    _, num_heads, num_kv_heads, head_size, rotary_dim, section, interleaved, gated, fused = case
+    num_tokens, q_width = 5, num_heads * head_size * (2 if gated else 1)
+    widths = [q_width, num_kv_heads * head_size, num_kv_heads * head_size]
+    rows = randn(num_tokens, sum(widths), device=device, gen=rng, scale=2.0)
+    q_part, _, v_part = rows.split(widths, dim=-1)
+    if gated:
+        q_part.view(num_tokens, num_heads, 2 * head_size)[..., head_size:] = float("nan")
+    v_part.fill_(float("nan"))
+    cache = randn(MAX_POS, rotary_dim, device=device, gen=rng)
+    positions = _positions(num_tokens, rng, device)
+    norm = dict(q_weight=randn(head_size, device=device, gen=rng, scale=0.3),
+                k_weight=randn(head_size, device=device, gen=rng, scale=0.3), eps=1e-6,
+                weight_offset=1.0) if fused else dict(q_weight=None, k_weight=None, eps=1e-6, weight_offset=0.0)
+
+    def views(buf):
+        q, k, _ = buf.split(widths, dim=-1)
+        q = q.view(num_tokens, num_heads, -1)[..., :head_size]  # strided when gated
+        return q, k.view(num_tokens, num_kv_heads, head_size)
+
+    got, want = rows.clone(), rows.clone()
+    mrope_triton.launch(positions, *views(got), cache, head_size, section, interleaved, norm["q_weight"],
+                        norm["k_weight"], norm["eps"], norm["weight_offset"], config)
+    mrope.call_backend("reference", positions, *views(want), cache, head_size, section, interleaved, **norm)
+    for got_x, want_x in zip(views(got), views(want)):
+        assert_close(got_x, want_x)
+    poisoned = torch.isnan(rows)
+    assert torch.isnan(got[poisoned]).all(), "a poisoned element (gate or v) was overwritten"
+    assert not torch.isnan(got[~poisoned]).any(), "poison leaked into q or k"
+
+
+def test_configs_name_known_kernels():
+    import atom_kernels.bench.mrope as suite
+
+    for config in [*mrope_triton.CONFIGS.values(), *itertools.chain(*suite.QUICK_SWEEP.values())]:
+        assert config.kernel in mrope_triton.KERNELS, config
+    assert set(suite.QUICK_SWEEP) <= set(mrope_triton.CONFIGS)
+    q = torch.zeros(1, 32)
+    with pytest.raises(ValueError, match="unknown mrope kernel"):
+        mrope_triton.launch(torch.zeros(3, 1, dtype=torch.long), q, None, torch.zeros(4, 16), 32, (3, 3, 2), True,
+                            None, None, 1e-6, 0.0, mrope_triton.Config(1, 1, "nope"))
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
@@ -216,6 +283,29 @@ def test_bench_suite_plumbing(device, monkeypatch):
         assert {"atom-triton", "hf-eager", "hf-compile", "atom-triton-best", "floor"} <= set(impls)
         best = next(r for r in rows if r["impl"] == "atom-triton-best")
         assert best["floor_us"] == pytest.approx(best["bytes"] / 4e12 * 1e6)
+
+
+def test_bench_quick_run_narrowed_by_environment(device, monkeypatch):
+    """``--quick`` with the case and peer filters the decisive GPU run uses: only the chosen case, the shipped
+    config and the quick set of its shape class (both kernels), eager transformers only."""
+    pytest.importorskip("transformers")
+    import atom_kernels.bench.mrope as suite
+
+    monkeypatch.setattr(suite.timing, "measure", lambda fn, **kw: [fn(), {"us": 1.0, "graph": True}][1])
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: pytest.fail("the compile peer was filtered out"))
+    monkeypatch.setattr(suite, "TOKENS", (4,))
+    monkeypatch.setattr(suite, "L2_DEFEAT_BYTES", 1)
+    monkeypatch.setenv(suite.CASES_ENV, "qwen3.5+qknorm")
+    monkeypatch.setenv(suite.PEERS_ENV, "eager")
+    rows = suite.run({"copy_bytes_per_s": 4e12, "quick": True, "device": device.type})
+    assert not [r for r in rows if "error" in r], rows
+    assert {r["case"] for r in rows} == {"qwen3.5+qknorm"}
+    swept = [r["config"] for r in rows if r["impl"] == "atom-triton"]
+    shape = mrope_triton.shape_class(256, 64, True)
+    assert swept == [vars(c) for c in dict.fromkeys([mrope_triton.CONFIGS[shape], *suite.QUICK_SWEEP[shape]])]
+    assert {r["impl"] for r in rows} == {"atom-triton", "hf-eager", "atom-triton-best", "floor"}
+    best = next(r for r in rows if r["impl"] == "atom-triton-best")
+    assert set(best["best_us_by_kernel"]) == {"chunks", "pairs"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

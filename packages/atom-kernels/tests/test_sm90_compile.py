@@ -66,3 +66,18 @@ def test_quantized_moe_kernels_compile_to_wgmma(compiled, name):
     mma = "QGMMA" if "_fp8_" in name else "HGMMA"
     assert any(op.startswith(mma) for op in sass), sorted(sass)
     assert any(op.startswith("LDGSTS") for op in sass)  # the weight stream is pipelined through cp.async
+
+
+@pytest.mark.parametrize("name", ["small_m_8192", "small_m_2880", "small_m_sync"])
+def test_mxfp4_small_m_kernel_compiles(compiled, name):
+    """The decode-size MXFP4 kernel: no spills, the PTX decode (prmt + bf16x2 multiply) feeding the intended
+    MMA (the warpgroup MMA of the default "wgmma" arrangement, or mma.sync for "sync"), decoded values never stored to shared
+    memory (only a few scale bytes are), and the 16-byte weight loads."""
+    case = _ok(compiled, name)
+    sass = case["sass"]
+    assert case["spill_bytes"] == 0, case
+    mma = "HMMA" if name.endswith("sync") else "HGMMA"
+    assert any(op.startswith(mma) for op in sass), sorted(sass)
+    assert sass.get("PRMT", 0) >= 4 and sass.get("HMUL2.BF16_V2", 0) >= 4, sorted(sass)
+    assert sass.get("STS.U16", 0) <= 8 and sass.get("STS", 0) <= 8, sorted(sass)
+    assert any(op.startswith("LDGSTS.E.BYPASS.128") or op == "LDG.E.128" for op in sass), sorted(sass)

@@ -7,7 +7,9 @@ Tests marked ``sglang`` need an installed SGLang (the nox sessions ``sglang-<ver
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,9 @@ HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
 # As a user launches SGLang: the variable is set before SGLang's model registry is first imported (it is
 # read then, once per process).  Tests that need it unset run in a fresh subprocess (_sglang_env.run_fresh).
 os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "atom_sglang.models"
+# SGLang keeps the GDN conv state in bf16 unless told otherwise, whatever the model's dtype; the fp32 parity
+# tests keep it in fp32 (the SSM state is fp32 by default).
+os.environ["SGLANG_MAMBA_CONV_DTYPE"] = "float32"
 REQUIRED = os.environ.get("ATOM_SGLANG_REQUIRED") == "1"
 
 
@@ -42,7 +47,23 @@ def tiny_checkpoints(tmp_path_factory):
 
     served, _ = capabilities.plan()
     root = tmp_path_factory.mktemp("tiny")
-    return {arch: str(make_tiny(arch, root / arch, seed=1)) for arch in served}
+    return {arch: str(with_full_attention_interval(make_tiny(arch, root / arch, seed=1))) for arch in served}
+
+
+def with_full_attention_interval(path: Path) -> Path:
+    """Hybrid checkpoints as published carry ``full_attention_interval``, which SGLang's own config classes
+    (Qwen3NextConfig...) read to plan their state pool; transformers turns it into ``layer_types`` and drops
+    it when saving a config, so the tiny checkpoints get it back from their ``layer_types``."""
+    config_path = Path(path) / "config.json"
+    config = json.loads(config_path.read_text())
+    for cfg in (config, config.get("text_config") or {}):
+        types = cfg.get("layer_types") or []
+        if "linear_attention" in types and "full_attention_interval" not in cfg:
+            interval = types.index("full_attention") + 1
+            assert all((t == "full_attention") == ((i + 1) % interval == 0) for i, t in enumerate(types)), types
+            cfg["full_attention_interval"] = interval
+    config_path.write_text(json.dumps(config, indent=2))
+    return Path(path)
 
 
 @pytest.fixture(scope="session")

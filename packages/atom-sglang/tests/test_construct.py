@@ -76,16 +76,43 @@ def test_sglang_builds_and_loads_every_parameter(arch, cpu_runtime, tiny_checkpo
     assert layers and all(getattr(m, PROCESSED, False) for m in layers)
     assert processed_by_sglang_load == {id(m): 1 for m in layers}
 
+    text = text_config(model.config)
     radix = compat.radix_attention_class()
     attention = [m for m in model.modules() if isinstance(m, radix)]
-    assert [m.layer_id for m in attention] == list(range(model.config.num_hidden_layers))
+    linear = [s.layer_id for s in model.atom_host.linear_attention_states]
+    assert [m.layer_id for m in attention] == [i for i in range(text.num_hidden_layers) if i not in linear]
+    if catalog.HYBRID in catalog.get(arch).capabilities:
+        # SGLang's config plans its mamba state pool for exactly ATOM's GDN layers, in the layout they use.
+        assert linear and linear == list(text.mamba2_cache_params.layers)
+        assert {s.ssm_layout for s in model.atom_host.linear_attention_states} == {"v_major"}
+    else:
+        assert not linear
     # ATOM's per-layer windows (transformers' convention) reach SGLang as its exclusive ones.
-    atom_windows = sliding_windows(text_config(model.config), len(attention))
+    atom_windows = [w for i, w in enumerate(sliding_windows(text, text.num_hidden_layers)) if i not in linear]
     assert [m.sliding_window_size for m in attention] == [w - 1 if w else -1 for w in atom_windows]
     windows = {w - 1 for w in atom_windows if w}
     assert model.get_attention_sliding_window_size() == (windows.pop() if windows else None)
     embed, head = model.get_embed_and_head()
     assert (embed is head) == bool(model.config.tie_word_embeddings)
+    assert model.get_input_embeddings().num_embeddings == text.vocab_size  # what SGLang's mm routine reads
     # SGLang reads (and may update) this as a dict on the class; ATOM's own is a classmethod.
     mapping = type(model).packed_modules_mapping
     assert isinstance(mapping, dict) and mapping == model.mapper().packed_modules_mapping
+
+
+@pytest.mark.parametrize("setting", ["extra_buffer", "speculative"])
+def test_hybrid_models_refuse_settings_their_gdn_layers_cannot_serve(setting, cpu_runtime, tiny_checkpoints):
+    """SGLang's extra_buffer radix strategy (its default for Qwen3-Next with the overlap scheduler) expects the
+    GDN layers to save intermediate chunk states; speculative decoding needs per-draft-token states: the
+    model refuses to build, naming the way out, instead of producing wrong tokens later."""
+    from sglang.srt.runtime_context import get_exec, get_spec
+
+    hybrid = [a for a in tiny_checkpoints if catalog.HYBRID in catalog.get(a).capabilities]
+    if not hybrid:
+        pytest.skip("no hybrid architecture is served")
+    override, match = {
+        "extra_buffer": (get_exec().mamba.override(enable_mamba_extra_buffer=True), "no_buffer"),
+        "speculative": (get_spec().override(speculative_algorithm="EAGLE"), "speculative decoding"),
+    }[setting]
+    with override, pytest.raises(ValueError, match=match):
+        load_with_sglang(tiny_checkpoints[hybrid[0]])

@@ -1,4 +1,5 @@
-"""SGLang resolves every catalog architecture atom-sglang serves to ATOM's class.
+"""SGLang resolves every catalog architecture to ATOM's class (or, for one atom-sglang cannot serve yet, to
+the class that refuses it with an error: there is none in the catalog today).
 
 The checks run in one fresh interpreter with SGLANG_EXTERNAL_MODEL_PACKAGE set, because SGLang reads
 the variable once, when ``sglang.srt.models.registry`` is first imported.  The module of each resolved
@@ -12,6 +13,7 @@ import json
 import pytest
 from _sglang_env import PACKAGE, run_fresh
 
+from atom_core import catalog
 from atom_sglang import capabilities
 
 pytestmark = pytest.mark.sglang
@@ -26,11 +28,16 @@ archs, checkpoints, package = json.loads(%r)
 out = {"registry": {}, "model_config": {}}
 for arch in archs:
     cls, resolved = ModelRegistry.resolve_model_cls([arch])
-    out["registry"][arch] = [cls.__module__, cls.__name__, resolved]
+    out["registry"][arch] = [cls.__module__, cls.__name__, resolved, getattr(cls, "atom_refusal", None)]
+from sglang.srt.configs.hybrid_arch import hybrid_gdn_config
+out["kind"] = {}
 for arch, path in checkpoints.items():
-    cls, resolved = get_model_architecture(ModelConfig(model_path=path))
-    bases = [b.__module__ + "." + b.__name__ for b in cls.__mro__[1:3]]
+    model_config = ModelConfig(model_path=path)
+    cls, resolved = get_model_architecture(model_config)
+    bases = [b.__module__ + "." + b.__name__ for b in cls.__mro__[1:] if b.__module__.startswith("atom_")]
     out["model_config"][arch] = [cls.__module__, cls.__name__, resolved, bases]
+    out["kind"][arch] = {"hybrid-linear-attention": hybrid_gdn_config(model_config) is not None,
+                         "multimodal": bool(model_config.is_multimodal), "mrope": bool(model_config.model_is_mrope)}
 out["strict"] = {name: cls.__module__ for name, cls in import_model_classes(package, strict=True).items()}
 print(json.dumps(out))
 """
@@ -38,16 +45,17 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def resolution(tiny_checkpoints):
-    served, _ = capabilities.plan()
-    return run_fresh(SCRIPT % json.dumps([served, tiny_checkpoints, PACKAGE]))
+    return run_fresh(SCRIPT % json.dumps([sorted(catalog.ARCHITECTURES), tiny_checkpoints, PACKAGE]))
 
 
-def test_registry_resolves_every_served_architecture_to_atom(resolution):
-    served, _ = capabilities.plan()
-    assert set(resolution["registry"]) == set(served)
-    for arch, (module, name, as_arch) in resolution["registry"].items():
+def test_registry_resolves_every_catalog_architecture_to_atom(resolution):
+    """Served architectures to their wrapper, the others to the class refusing them (never SGLang's own)."""
+    _, skipped = capabilities.plan()
+    assert set(resolution["registry"]) == set(catalog.ARCHITECTURES)
+    for arch, (module, name, as_arch, refusal) in resolution["registry"].items():
         assert module == "atom_sglang.models.catalog", f"{arch} resolved to {module}.{name}, not ATOM's class"
         assert (name, as_arch) == (arch, arch)
+        assert refusal == skipped.get(arch), (arch, refusal)
 
 
 def test_model_config_path_resolves_to_atom(resolution, tiny_checkpoints):
@@ -55,11 +63,19 @@ def test_model_config_path_resolves_to_atom(resolution, tiny_checkpoints):
     assert set(resolution["model_config"]) == set(tiny_checkpoints)
     for arch, (module, name, as_arch, bases) in resolution["model_config"].items():
         assert (module, name, as_arch) == ("atom_sglang.models.catalog", arch, arch), resolution["model_config"][arch]
-        assert bases[0] == "atom_sglang.wrapper.SGLangCausalLM"
-        assert bases[1].startswith("atom_core.models."), bases
+        mixins = [m.__module__ + "." + m.__name__ for m in capabilities.mixins(catalog.get(arch))]
+        assert bases[: len(mixins) + 1] == [*mixins, "atom_sglang.wrapper.SGLangCausalLM"], bases
+        assert bases[len(mixins) + 1].startswith("atom_core.models."), bases
+
+
+def test_sglang_sees_each_architectures_kind(resolution):
+    """What SGLang decides from the config alone matches the catalog: a hybrid GDN model (state pool, hybrid
+    backend), a multimodal model (processor, mm inputs), MRoPE positions."""
+    for arch, kind in resolution["kind"].items():
+        caps = catalog.get(arch).capabilities
+        assert kind == {name: name in caps for name in kind}, (arch, kind)
 
 
 def test_strict_import_of_the_package(resolution):
     """SGLang imports external packages non-strictly (errors are only logged); strict must pass too."""
-    served, _ = capabilities.plan()
-    assert resolution["strict"] == dict.fromkeys(served, "atom_sglang.models.catalog")
+    assert resolution["strict"] == dict.fromkeys(catalog.ARCHITECTURES, "atom_sglang.models.catalog")

@@ -1,5 +1,5 @@
 """Pieces of the adapter that need no SGLang: window convention, MRoPE detection, once-per-load weight
-processing, the capability plan and the generated pins module."""
+processing, the capability plan and its mixins, the hybrid state-plan check and the generated pins module."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from torch import nn
 from atom_core import catalog
 from atom_sglang import _pins, capabilities, compat
 from atom_sglang.host import SGLangHost, SGLangTP, radix_window
-from atom_sglang.wrapper import guard_weight_processing, reset_weight_processing, uses_mrope
+from atom_sglang.linear_attention import SGLangLinearAttentionState, check_state_plan
+from atom_sglang.wrapper import entry_classes, guard_weight_processing, reset_weight_processing, uses_mrope, wrapper_class
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -91,9 +92,66 @@ def test_capability_plan_covers_the_catalog():
     assert capabilities.missing(unknown) == [
         "capability 'telepathy' is unknown to atom-sglang (add it to atom_sglang.capabilities)"
     ]
-    hybrid = catalog.ArchSpec("BarForCausalLM", "m:C", "bar", "t:C", "bar",
-                              capabilities=frozenset({catalog.TEXT, catalog.HYBRID}))
-    assert len(capabilities.missing(hybrid)) == 1 and "linear_attention_state" in capabilities.missing(hybrid)[0]
+    staged = catalog.ArchSpec("BarForCausalLM", "m:C", "bar", "t:C", "bar",
+                              capabilities=frozenset({catalog.TEXT, "pipeline-parallel"}))
+    assert len(capabilities.missing(staged)) == 1 and "PPProxyTensors" in capabilities.missing(staged)[0]
+    # Qwen3.5 (hybrid + multimodal + MRoPE) needs nothing more than the implemented extensions.
+    for name in ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"):
+        assert capabilities.missing(catalog.get(name)) == []
+        assert [m.__name__ for m in capabilities.mixins(catalog.get(name))] == ["SGLangMultimodal"]
+
+
+def test_every_catalog_architecture_is_served_or_refused(monkeypatch, caplog):
+    """EntryClass holds one class per catalog architecture: ATOM's wrapper, or — for an entry with a capability
+    atom-sglang lacks, or whose wrapper cannot be built — a class that refuses to build with the reason, named
+    in an error line at import.  SGLang never falls back to its own / Transformers implementation for them."""
+    import logging
+
+    staged = catalog.ArchSpec("StagedForCausalLM", "atom_core.models.llama:Qwen3ForCausalLM", "staged", "t:C", "staged",
+                              capabilities=frozenset({catalog.TEXT, "pipeline-parallel"}))
+    broken = catalog.ArchSpec("BrokenVLForConditionalGeneration", "atom_core.models.llama:Qwen3ForCausalLM", "broken",
+                              "t:C", "broken", capabilities=frozenset({catalog.TEXT, catalog.MULTIMODAL}))
+    for spec in (staged, broken):
+        monkeypatch.setitem(catalog.ARCHITECTURES, spec.name, spec)
+    with caplog.at_level(logging.ERROR, logger="atom_sglang.wrapper"):
+        classes = {cls.__name__: cls for cls in entry_classes(__name__)}
+    assert list(classes) == list(catalog.ARCHITECTURES)
+    refused = {name for name, cls in classes.items() if hasattr(cls, "atom_refusal")}
+    assert refused == {staged.name, broken.name}
+    for name, match in ((staged.name, "PPProxyTensors"), (broken.name, "lacks \\['embed_multimodal'\\]")):
+        assert classes[name].__module__ == __name__
+        with pytest.raises(ValueError, match=f"atom-sglang does not serve {name}: .*{match}.*SGLANG_EXTERNAL_MODEL_PACKAGE"):
+            classes[name](config=None)
+        assert any(f"does not serve {name}" in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+    for name in set(classes) - refused:
+        assert issubclass(classes[name], catalog.get(name).model_class())
+
+
+def test_wrapper_class_needs_the_multimodal_hooks_of_the_atom_model():
+    """A multimodal catalog entry whose ATOM class lacks embed_multimodal gets no half-working wrapper."""
+    spec = catalog.ArchSpec("FakeVLForConditionalGeneration", "atom_core.models.llama:Qwen3ForCausalLM", "fake", "t:C",
+                            "fake", capabilities=frozenset({catalog.TEXT, catalog.MULTIMODAL}))
+    with pytest.raises(ValueError, match="lacks \\['embed_multimodal'\\]"):
+        wrapper_class(spec, __name__)
+    vl = wrapper_class(catalog.get("Qwen3VLForConditionalGeneration"), __name__)
+    assert [c.__name__ for c in vl.__mro__[1:4]] == ["SGLangMultimodal", "SGLangCausalLM", "Qwen3VLForConditionalGeneration"]
+
+
+def state(layer_id, conv=(256, 3), ssm=(4, 32, 32)):
+    return SGLangLinearAttentionState(None, f"model.layers.{layer_id}.linear_attn", layer_id, conv, ssm, torch.float32)
+
+
+def test_state_plan_must_match_sglangs_pool():
+    """SGLang sizes its mamba pool from its config; ATOM's GDN layers must be exactly those, with its shapes
+    (V-major SSM: K-major (HV, K, V) = (4, 32, 16) is stored as (4, 16, 32))."""
+    shape = SimpleNamespace(conv=[(256, 3)], temporal=(4, 16, 32))
+    config = SimpleNamespace(mamba2_cache_params=SimpleNamespace(layers=[0, 2], shape=shape))
+    with pytest.raises(ValueError, match="plans linear-attention state for layers \\[0, 2\\].*\\[0, 1\\]"):
+        check_state_plan(config, [state(0, ssm=(4, 32, 16)), state(1, ssm=(4, 32, 16))], "M")
+    with pytest.raises(ValueError, match="SSM \\(4, 16, 32\\).*SSM \\(4, 32, 32\\)"):
+        check_state_plan(config, [state(0, ssm=(4, 32, 16)), state(2)], "M")
+    with pytest.raises(ValueError, match="does not treat this config \\(SimpleNamespace\\) as a hybrid"):
+        check_state_plan(SimpleNamespace(), [state(0)], "M")
 
 
 def test_version_check_names_the_range():

@@ -97,6 +97,18 @@ class DecoderConfig:
         )
 
 
+def hybrid_layer_types(cfg: Any) -> list[str]:
+    """Per-layer mixer of a hybrid linear-attention decoder (``"linear_attention"`` or ``"full_attention"``):
+    ``layer_types`` when the config has it, else transformers' rule for configs that give
+    ``full_attention_interval`` instead (every interval-th layer full attention, default 4) — SGLang builds
+    models with its own config classes, which keep the interval and drop ``layer_types``."""
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types:
+        return list(layer_types)
+    interval = getattr(cfg, "full_attention_interval", None) or 4
+    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(cfg.num_hidden_layers)]
+
+
 def sliding_windows(cfg: Any, num_layers: int) -> tuple[int | None, ...]:
     """Per-layer sliding window, following transformers' rules: ``layer_types`` when present,
     else ``sliding_window`` for every layer unless ``use_sliding_window`` is False."""

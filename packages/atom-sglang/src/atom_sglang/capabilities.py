@@ -1,13 +1,15 @@
 """What the SGLang wrapper of a catalog model does for each capability the catalog entry declares.
 
 A capability this adapter does not implement yet is listed with what it needs.  Architectures that
-declare one are left out of ``EntryClass`` (SGLang keeps serving them with its own implementation) and
-an error line names the architecture and what is missing — never a half-working wrapper.  The
+declare one get a class in ``EntryClass`` that refuses to build, and an error line names the architecture
+and what is missing — never a half-working wrapper, never a silent fallback to SGLang's own or its
+Transformers implementation (:func:`atom_sglang.wrapper.entry_classes`).  The
 capability names are shared with atom-vllm.  Imports neither torch nor SGLang.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 from atom_core import catalog
@@ -18,6 +20,7 @@ from atom_core.catalog import HYBRID, MROPE, MULTIMODAL, TEXT
 class Extension:
     needs: str  # what the wrapper and the SGLang host must provide for this capability
     implemented: bool = True
+    mixin: str | None = None  # "module:Class" placed before SGLangCausalLM in the wrapper's bases
 
 
 EXTENSIONS: dict[str, Extension] = {
@@ -32,19 +35,19 @@ EXTENSIONS: dict[str, Extension] = {
         "ones when SGLang serves the checkpoint text-only)"
     ),
     HYBRID: Extension(
-        "SGLangHost.linear_attention_state returning an atom_core.host.LinearAttentionState whose step() reads "
-        "SGLang's hybrid linear-attention backend: the layer's conv and SSM pools from its mamba pool "
-        "(req_to_token_pool.mamba2_layer_cache(layer_id); ssm_layout as SGLang stores it) and this step's slot "
-        "indices and decode/prefill split (forward_metadata.mamba_cache_indices, the batch's extend lengths); "
-        "architectures whose config SGLang does not recognise as hybrid declared with register_linear_attn_model "
-        "(compat) from the plugin",
-        implemented=False,
+        "SGLangHost.linear_attention_state (atom_sglang.linear_attention): each GDN layer's step() reads SGLang's mamba "
+        "pool (req_to_token_pool.mamba2_layer_cache(layer_id): conv [slots, conv_dim, W-1], SSM V-major "
+        "[slots, HV, V, K]) and the slots and query offsets its hybrid linear-attention backend prepared "
+        "(forward_metadata.mamba_cache_indices / query_start_loc; extend_prefix_lens > 0 = initial state); "
+        "SGLang must recognise the config as hybrid (its config classes, or register_linear_attn_model) and plan "
+        "its pool for exactly the model's GDN layers (checked at build); no extra_buffer radix strategy, no "
+        "speculative decoding",
     ),
     MULTIMODAL: Extension(
-        "a multimodal processor package (SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE: BaseMultimodalProcessor subclasses "
-        "whose `models` list the generated classes), pad_input_ids, the vision encoder's feature hook and the merge of "
-        "image embeddings into input_embeds before the language model",
-        implemented=False,
+        "images through SGLang's own processor for the architecture (matched by class name), pad_input_ids, "
+        "get_image_feature -> the ATOM model's embed_multimodal, general_mm_embed_routine merging the image "
+        "embeddings (and deepstack features, as a dense Deepstack) before the language model; no videos",
+        mixin="atom_sglang.multimodal:SGLangMultimodal",
     ),
     "pipeline-parallel": Extension(
         "models built for a [start_layer, end_layer) slice with start_layer/end_layer attributes, PPProxyTensors "
@@ -64,6 +67,17 @@ def missing(spec: catalog.ArchSpec) -> list[str]:
         elif not ext.implemented:
             reasons.append(f"capability {capability!r} needs {ext.needs}")
     return reasons
+
+
+def mixins(spec: catalog.ArchSpec) -> list[type]:
+    """The wrapper mixins of ``spec``'s capabilities, in capability order (imports them)."""
+    classes = []
+    for capability in sorted(spec.capabilities):
+        path = EXTENSIONS[capability].mixin
+        if path is not None:
+            module, _, name = path.partition(":")
+            classes.append(getattr(importlib.import_module(module), name))
+    return classes
 
 
 def plan() -> tuple[list[str], dict[str, str]]:

@@ -13,12 +13,17 @@ this adapter (a new floor or ceiling must revisit them):
 * 0.5.14  ``sglang.srt.runtime_context`` (``get_parallel()``) appears; :func:`parallel` needs it.
 * 0.5.16  ``get_attention_tp_*`` removed; FLA kernels moved to ``sglang.kernels.ops``;
           ``hybrid_gdn_config`` moved to ``configs/hybrid_arch.py``.  Not used (ATOM ships its own GDN
-          kernels; hybrid support will read the state through the linear-attention backend).
+          kernels and reads the state through the hybrid backend's metadata, :func:`linear_attention_backend`).
 * 0.5.17  ``RadixAttention.forward(key_value_num_tokens=)``.  We pass ``q, k, v, forward_batch``
           positionally and nothing else (``sinks=`` by keyword when a model has sinks).
 * 0.5.22  Python >= 3.11; SGLang's linear layers take keyword-only ``parallel_group``; ``TopK(layer_id=)``
           required.  Not used: ATOM builds its own linear and MoE layers.
 * 0.5.23  ``TopK`` drops ``num_fused_shared_experts``.  Not used (as above).
+          ``pad_mm_tokens`` replaces ``MultiModalityDataPaddingPatternMultimodalTokens`` (kept as a
+          forwarding shim): :func:`pad_multimodal_tokens` branches on it.
+          ``ForwardBatch.logical_forward_mode`` (0.5.22/0.5.23: a decode batch relabelled as a one-token
+          extend for data-parallel attention).  Not read: data-parallel attention is refused, so the two
+          modes agree.
 """
 
 from __future__ import annotations
@@ -126,9 +131,46 @@ CONTRACT: tuple[Symbol, ...] = (
     Symbol("sglang.srt.models.registry:import_model_classes", ("package_name", "strict"),
            used_by="SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models"),
     Symbol("sglang.srt.configs.linear_attn_model_registry:register_linear_attn_model", ("spec",),
-           used_by="plugin (hybrid linear attention; no catalog entry needs it yet)"),
+           used_by="compat.register_linear_attn_model (hybrid configs SGLang does not know by class)"),
     Symbol("sglang.srt.configs.linear_attn_model_registry:LinearAttnModelSpec",
-           fields=("config_class", "backend_class_name", "arch_names"), used_by="plugin"),
+           fields=("config_class", "backend_class_name", "arch_names"), used_by="compat.register_linear_attn_model"),
+    # hybrid linear attention (linear_attention.py)
+    Symbol("sglang.srt.model_executor.forward_context:get_attn_backend", (), used_by="compat.attention_backend"),
+    Symbol("sglang.srt.layers.attention.hybrid_linear_attn_backend:HybridLinearAttnBackend.__init__",
+           ("self", "full_attn_backend", "linear_attn_backend", "full_attn_layers"),
+           used_by="compat.linear_attention_backend (its linear_attn_backend attribute; exercised by test_hybrid)"),
+    Symbol("sglang.srt.layers.attention.hybrid_linear_attn_backend:MambaAttnBackendBase.init_forward_metadata",
+           ("self", "forward_batch"),
+           used_by="linear_attention.SGLangLinearAttentionState.step (forward_metadata, req_to_token_pool)"),
+    Symbol("sglang.srt.layers.attention.mamba.mamba2_metadata:ForwardMetadata",
+           fields=("query_start_loc", "mamba_cache_indices"), used_by="linear_attention.SGLangLinearAttentionState.step"),
+    Symbol("sglang.srt.mem_cache.memory_pool:HybridReqToTokenPool.mamba2_layer_cache", ("self", "layer_id"),
+           used_by="linear_attention.SGLangLinearAttentionState.step"),
+    Symbol("sglang.srt.mem_cache.memory_pool:MambaPool.State", fields=("conv", "temporal"),
+           used_by="linear_attention.SGLangLinearAttentionState.step"),
+    Symbol("sglang.srt.configs.qwen3_next:Qwen3NextConfig", fields=("mamba2_cache_params",),
+           used_by="linear_attention.check_state_plan"),
+    Symbol("sglang.srt.configs.mamba_utils:Mamba2StateShape", fields=("conv", "temporal"),
+           used_by="linear_attention.check_state_plan"),
+    Symbol("sglang.srt.model_executor.forward_batch_info:ForwardBatch",
+           fields=("extend_num_tokens", "extend_prefix_lens", "mm_inputs"), used_by="linear_attention, multimodal"),
+    # multimodal (multimodal.py)
+    Symbol("sglang.srt.managers.mm_utils:general_mm_embed_routine",
+           ("input_ids", "forward_batch", "language_model", "multimodal_model", "data_embedding_funcs",
+            "placeholder_tokens", "use_deepstack"), used_by="multimodal.SGLangMultimodal._run_model"),
+    Symbol("sglang.srt.managers.mm_utils:MultiModalityDataPaddingPatternMultimodalTokens.pad_input_tokens",
+           ("self", "input_ids", "mm_inputs"), used_by="compat.pad_multimodal_tokens (<= 0.5.22)"),
+    Symbol("sglang.srt.managers.schedule_batch:MultimodalDataItem", fields=("feature", "offsets", "model_specific_data"),
+           used_by="multimodal.SGLangMultimodal.get_image_feature (image_grid_thw from model_specific_data)"),
+    Symbol("sglang.srt.managers.schedule_batch:MultimodalDataItem.reconstruct", ("self", "target_device"),
+           used_by="multimodal.SGLangMultimodal.get_image_feature (CUDA-IPC features, GPU only)"),
+    Symbol("sglang.srt.multimodal.mm_utils:materialize_multimodal_features", ("features", "device", "dtype"),
+           used_by="compat.materialize_multimodal_features"),
+    Symbol("sglang.srt.managers.schedule_batch:Modality.IMAGE", used_by="compat.deepstack_modalities"),
+    Symbol("sglang.srt.managers.multimodal_processor:get_mm_processor_cls", ("hf_config",),
+           used_by="SGLang's processor choice by architecture name (tested)"),
+    Symbol("sglang.srt.runtime_context:get_exec", (), used_by="compat.unsupported_linear_attention_settings"),
+    Symbol("sglang.srt.runtime_context:get_spec", (), used_by="compat.unsupported_linear_attention_settings"),
 )
 
 # What the parallel context must report for ATOM's layers to shard correctly.
@@ -184,3 +226,71 @@ def register_linear_attn_model(config_class: type, backend_class_name: str, arch
         LinearAttnModelSpec(config_class=config_class, backend_class_name=backend_class_name, arch_names=arch_names,
                             **options)
     )
+
+
+# ------------------------------------------------------------------------------ hybrid linear attention
+def attention_backend() -> Any:
+    """The attention backend of the running forward (0.5.13+: SGLang's forward context)."""
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    return get_attn_backend()
+
+
+def linear_attention_backend() -> Any:
+    """The linear half of SGLang's ``HybridLinearAttnBackend`` (its ``forward_metadata`` holds the step's
+    mamba slots), or a RuntimeError when SGLang did not set one up for this model."""
+    backend = attention_backend()
+    linear = getattr(backend, "linear_attn_backend", None)
+    if linear is None:
+        raise RuntimeError(
+            f"SGLang's attention backend for this step is {type(backend).__name__}, not its hybrid linear-attention "
+            "backend: SGLang did not recognise the model's config as hybrid, so it keeps no linear-attention state"
+        )
+    return linear
+
+
+def unsupported_linear_attention_settings() -> str | None:
+    """Why the server settings cannot run ATOM's GDN layers (None when they can)."""
+    from sglang.srt.runtime_context import get_exec, get_spec
+
+    if get_exec().mamba.enable_mamba_extra_buffer:
+        return (
+            "the extra_buffer mamba radix-cache strategy needs intermediate chunk states that ATOM's GDN kernels do "
+            "not expose; run with --mamba-radix-cache-strategy no_buffer (or --disable-radix-cache)"
+        )
+    algorithm = get_spec().speculative_algorithm
+    if algorithm is not None and str(getattr(algorithm, "name", algorithm)).upper() != "NONE":
+        return f"speculative decoding ({algorithm}) is not supported with ATOM's GDN layers"
+    return None
+
+
+# ------------------------------------------------------------------------------------------ multimodal
+def pad_multimodal_tokens(input_ids: Any, mm_inputs: Any) -> Any:
+    """Each multimodal item's placeholder run replaced by its pad values (SGLang's radix-cache keys)."""
+    try:  # 0.5.23+
+        from sglang.srt.managers.mm_utils import pad_mm_tokens
+    except ImportError:  # <= 0.5.22
+        from sglang.srt.managers.mm_utils import MultiModalityDataPaddingPatternMultimodalTokens
+
+        return MultiModalityDataPaddingPatternMultimodalTokens().pad_input_tokens(input_ids, mm_inputs)
+    return pad_mm_tokens(input_ids, mm_inputs)
+
+
+def materialize_multimodal_features(features: list, *, device: Any, dtype: Any) -> Any:
+    """The items' feature tensors packed into one on ``device``/``dtype`` (SGLang's helper)."""
+    from sglang.srt.multimodal.mm_utils import materialize_multimodal_features as materialize
+
+    return materialize(features, device=device, dtype=dtype)
+
+
+def general_mm_embed_routine(**kwargs: Any) -> Any:
+    from sglang.srt.managers.mm_utils import general_mm_embed_routine as routine
+
+    return routine(**kwargs)
+
+
+def deepstack_modalities() -> dict[Any, bool]:
+    """``use_deepstack`` for models whose image features carry deepstack layers (images only)."""
+    from sglang.srt.managers.schedule_batch import Modality
+
+    return {Modality.IMAGE: True}

@@ -2,6 +2,8 @@
 
 * ``attention`` -> SGLang's :class:`RadixAttention` (its KV cache, its attention backend), wrapped so the
   model calls it as ``attn(q, k, v)``;
+* ``linear_attention_state`` -> the layer's slots in SGLang's mamba state pool (hybrid models; see
+  :mod:`atom_sglang.linear_attention`);
 * ``tp`` -> SGLang's tensor-parallel group;
 * ``quant`` -> ATOM's own parse of the checkpoint's ``quantization_config``.
 
@@ -20,6 +22,7 @@ from torch import nn
 
 from atom_core.errors import UnsupportedConfigError
 from atom_sglang import compat
+from atom_sglang.linear_attention import SGLangLinearAttentionState
 
 
 class SGLangTP:
@@ -75,6 +78,7 @@ class SGLangHost:
         self.quant = quant
         self.forward_batch: Any = None  # published by the wrapper around each forward
         self.attention_layers: list[SGLangAttention] = []
+        self.linear_attention_states: list[SGLangLinearAttentionState] = []
 
     def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
@@ -92,11 +96,11 @@ class SGLangHost:
         self.attention_layers.append(layer)
         return layer
 
-    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype):
-        raise UnsupportedConfigError(
-            f"{prefix}: linear-attention (GDN) state is not available in atom-sglang yet; it needs SGLang's mamba "
-            "state pool read through its hybrid linear-attention backend (see atom-sglang's README)"
-        )
+    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype) -> SGLangLinearAttentionState:
+        """The layer's per-request state in SGLang's mamba pool (see :mod:`atom_sglang.linear_attention`)."""
+        state = SGLangLinearAttentionState(self, prefix, layer_id, conv_shape, ssm_shape, dtype)
+        self.linear_attention_states.append(state)
+        return state
 
     def sliding_window(self) -> int | None:
         """The one window SGLang's attention metadata is planned for (its exclusive convention), or None."""

@@ -10,6 +10,11 @@ parameter names stay those of the ATOM model (``model.layers.0.self_attn.qkv_pro
         publish forward_batch on the host    -> ATOMModel.forward(input_ids, positions, input_embeds) -> hidden
         LogitsProcessor(input_ids, hidden, lm_head, forward_batch) -> LogitsProcessorOutput
     load_weights(SGLang's (name, tensor) iterator) -> atom_core.loader (mapping + coverage check)
+
+A catalog capability may add a mixin before :class:`SGLangCausalLM` (``capabilities.mixins``): multimodal
+models get :class:`atom_sglang.multimodal.SGLangMultimodal` (images through SGLang's embed routine).
+Hybrid models need no mixin: their GDN layers get SGLang's state from the host
+(:mod:`atom_sglang.linear_attention`), and the wrapper checks SGLang's state plan when it builds them.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from atom_core.errors import UnsupportedConfigError
 from atom_core.quant import parse_quant_config
 from atom_sglang import capabilities, compat
 from atom_sglang.host import SGLangHost
+from atom_sglang.linear_attention import check_state_plan
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +57,12 @@ class SGLangCausalLM(nn.Module):
         host = SGLangHost(quant=parse_quant_config(config))
         super().__init__(config, host, prefix)
         self.atom_host = host
+        if host.linear_attention_states:  # hybrid: SGLang must plan its state pool for exactly these layers
+            check_state_plan(config, host.linear_attention_states, name)
         self.logits_processor = compat.logits_processor_class()(text_config(config))
         self.uses_mrope = uses_mrope(config)
+        # SGLang reads the vocabulary size of get_input_embeddings() as nn.Embedding spells it
+        self.get_input_embeddings().num_embeddings = text_config(config).vocab_size
         self._weights_loaded = False
         guard_weight_processing(self)
 
@@ -71,10 +81,18 @@ class SGLangCausalLM(nn.Module):
         host = self.atom_host
         host.forward_batch = forward_batch
         try:
-            hidden = super().forward(input_ids, positions, input_embeds)
+            hidden = self._run_model(input_ids, positions, forward_batch, input_embeds)
         finally:
             host.forward_batch = None
         return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+
+    def _run_model(self, input_ids, positions, forward_batch, input_embeds):
+        """The ATOM model's hidden states for this step (multimodal models first merge their images)."""
+        return self.atom_forward(input_ids, positions, input_embeds)
+
+    def atom_forward(self, input_ids, positions, inputs_embeds=None, **kwargs):
+        """The ATOM model's own ``forward`` (this class's ``forward`` is SGLang's)."""
+        return super().forward(input_ids, positions, inputs_embeds, **kwargs)
 
     # ------------------------------------------------------------------------------------- weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -88,21 +106,37 @@ class SGLangCausalLM(nn.Module):
         return loaded
 
     def get_input_embeddings(self) -> nn.Module:
-        return self.model.embed_tokens
+        for path in EMBEDDING_PATHS:
+            if _has_submodule(self, path):
+                return self.get_submodule(path)
+        raise UnsupportedConfigError(f"{type(self).__name__}: no token embedding at {' or '.join(EMBEDDING_PATHS)}")
 
     def get_embed_and_head(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.embed_tokens.weight, self.lm_head.weight
+        return self.get_input_embeddings().weight, self.lm_head.weight
 
     def set_embed_and_head(self, embed: torch.Tensor, head: torch.Tensor) -> None:
         """Share another model's embedding and head (SGLang's speculative decoding drafts)."""
-        del self.model.embed_tokens.weight
+        embedding = self.get_input_embeddings()
+        del embedding.weight
         del self.lm_head.weight
-        self.model.embed_tokens.weight = embed
+        embedding.weight = embed
         self.lm_head.weight = head
 
     def get_attention_sliding_window_size(self) -> int | None:
         """The window SGLang plans its attention metadata for (exclusive of the query), or None."""
         return self.atom_host.sliding_window()
+
+
+# Where ATOM's models keep their token embedding (decoders; multimodal models' language model).
+EMBEDDING_PATHS = ("model.embed_tokens", "model.language_model.embed_tokens")
+
+
+def _has_submodule(model: nn.Module, path: str) -> bool:
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def uses_mrope(config: Any) -> bool:
@@ -143,8 +177,15 @@ def reset_weight_processing(model: nn.Module) -> None:
 
 # ------------------------------------------------------------------------------------- generation
 def wrapper_class(spec: ArchSpec, module: str) -> type:
-    """The SGLang model class for ``spec``: named like the architecture, defined in ``module``."""
+    """The SGLang model class for ``spec``: named like the architecture, defined in ``module``; the
+    capabilities' mixins (:func:`capabilities.mixins`) come first in its bases."""
     atom_class = spec.model_class()
+    mixins = capabilities.mixins(spec)
+    for mixin in mixins:
+        lacking = [name for name in getattr(mixin, "REQUIRED", ()) if not hasattr(atom_class, name)]
+        if lacking:
+            raise UnsupportedConfigError(f"{spec.name}: ATOM's {atom_class.__name__} lacks {lacking}, which "
+                                         f"{mixin.__name__} needs")
     mapper = getattr(atom_class, "weight_mapper", None)
     packed = mapper.packed_modules_mapping if mapper is not None else {}
     namespace = {
@@ -155,19 +196,38 @@ def wrapper_class(spec: ArchSpec, module: str) -> type:
         # SGLang reads (and may extend) this dict on the class; one fresh dict per class.
         "packed_modules_mapping": {fused: list(parts) for fused, parts in packed.items()},
     }
-    return type(spec.name, (SGLangCausalLM, atom_class), namespace)
+    return type(spec.name, (*mixins, SGLangCausalLM, atom_class), namespace)
 
 
 def entry_classes(module: str) -> list[type]:
-    """One wrapper class per catalog architecture atom-sglang can serve.  The others are named in an
-    error line (SGLang then serves them with its own implementation)."""
-    served, skipped = capabilities.plan()
-    for name, why in skipped.items():
-        logger.error("atom-sglang does not serve %s (SGLang's own implementation, if any, is used): %s", name, why)
+    """One class per catalog architecture: the wrapper when atom-sglang can serve it, else a class that
+    refuses to build (:func:`refusing_class`), named in an error line at import.  Every catalog architecture
+    is therefore ATOM's or an explicit error — never a silent fallback to SGLang's own or Transformers
+    implementation while the user asked for ATOM's."""
+    _, skipped = capabilities.plan()
     classes = []
-    for name in served:
-        try:
-            classes.append(wrapper_class(catalog.get(name), module))
-        except Exception:  # one broken catalog entry must not hide the others from SGLang
-            logger.exception("atom-sglang could not build its SGLang class for %s", name)
+    for name in catalog.ARCHITECTURES:
+        why = skipped.get(name)
+        if why is None:
+            try:
+                classes.append(wrapper_class(catalog.get(name), module))
+                continue
+            except Exception as err:  # one broken catalog entry must not hide the others from SGLang
+                logger.exception("atom-sglang could not build its SGLang class for %s", name)
+                why = f"its SGLang class could not be built: {err}"
+        logger.error("atom-sglang does not serve %s: %s. Its class refuses to build; unset "
+                     "SGLANG_EXTERNAL_MODEL_PACKAGE to serve it with SGLang's own implementation.", name, why)
+        classes.append(refusing_class(name, why, module))
     return classes
+
+
+def refusing_class(name: str, why: str, module: str) -> type:
+    """A model class named ``name`` whose construction raises, saying why atom-sglang cannot serve it (SGLang
+    stops loading the model with that error)."""
+
+    def __init__(self, config: Any = None, quant_config: Any = None, prefix: str = ""):
+        raise UnsupportedConfigError(f"atom-sglang does not serve {name}: {why}. Unset SGLANG_EXTERNAL_MODEL_PACKAGE "
+                                     "to serve it with SGLang's own implementation.")
+
+    return type(name, (nn.Module,), {"__module__": module, "__qualname__": name, "__init__": __init__,
+                                     "atom_refusal": why, "__doc__": f"atom-sglang refuses {name}: {why}"})

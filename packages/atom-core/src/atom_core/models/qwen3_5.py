@@ -74,7 +74,7 @@ class Qwen3_5Model(nn.Module):
 
     def __init__(self, hf_config: Any, cfg: DecoderConfig, *, host: Host, prefix: str):
         super().__init__()
-        self.visual = VisionModel(hf_config.vision_config, host=host, prefix=f"{prefix}.visual")
+        self.visual = VisionModel(hf_config.vision_config, host=host, prefix=f"{prefix}.visual", deepstack=False)
 
         def build_mlp(layer_id: int, mlp_prefix: str) -> nn.Module:
             return self.build_mlp(hf_config, cfg, layer_id, host=host, prefix=mlp_prefix)

@@ -2,7 +2,7 @@
 with sparse MoE MLPs.
 
     h = embed(ids)
-    for each layer (config.layer_types: "linear_attention" or "full_attention"):
+    for each layer (config.layer_types, or full_attention_interval: "linear_attention" or "full_attention"):
         h = h + mixer(rmsnorm₀(h))          linear_attention: GatedDeltaNet (layers/gdn.py)
                                             full_attention:   o_proj(attn(rope(q̂), rope(k̂), v) ⊙ σ(gate))
         h = h + mlp(rmsnorm₀(h))            sparse MoE + σ-gated shared expert (dense in mlp_only_layers)
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from atom_core.config import DecoderConfig, text_config
+from atom_core.config import DecoderConfig, hybrid_layer_types, text_config
 from atom_core.errors import UnsupportedConfigError
 from atom_core.host import Host
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -92,7 +92,7 @@ class Qwen3NextDecoderLayer(nn.Module):
                  build_mlp: MLPBuilder, gdn_checkpoint: dict[str, PackedTensor] = QWEN3_NEXT_CHECKPOINT):
         super().__init__()
         text = text_config(hf_config)
-        self.layer_type = text.layer_types[layer_id]
+        self.layer_type = hybrid_layer_types(text)[layer_id]
         if self.layer_type == LINEAR_ATTENTION:
             self.linear_attn = GatedDeltaNet(GDNConfig.from_hf(hf_config), layer_id, host=host, prefix=f"{prefix}.linear_attn",
                                              checkpoint=gdn_checkpoint)

@@ -14,7 +14,7 @@ into one language-model token are consecutive.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -228,9 +228,14 @@ class PatchMerger(nn.Module):
 
 
 class VisionModel(nn.Module):
-    def __init__(self, hf_vision_config: Any, *, host: Host, prefix: str):
+    """``deepstack=False``: a tower without deepstack blocks whatever the config says (Qwen3.5's; config
+    classes derived from Qwen3-VL's, such as SGLang's, default ``deepstack_visual_indexes`` to [8, 16, 24])."""
+
+    def __init__(self, hf_vision_config: Any, *, host: Host, prefix: str, deepstack: bool = True):
         super().__init__()
         cfg = self.config = VisionConfig.from_hf(hf_vision_config)
+        if not deepstack:
+            cfg = self.config = replace(cfg, deepstack_indexes=())
         self.patch_embed = PatchEmbed(cfg)
         self.pos_embed = LearnedPositionGrid(cfg)
         self.rotary = VisionRotary(cfg)

@@ -7,9 +7,14 @@ Cases (Qwen3-Next-80B linear-attention shapes: H=16, HV=32, K=V=128, bf16 activa
   replay, rotating over enough distinct slots per replay that the states come from HBM, not L2.
   Targets: N=256 within 1.15x of the floor and faster than fla's fused recurrent; N=1 under 15 µs.
 * ``prefill 1x8192`` and ``prefill 8x4096``: chunked prefill from zero state, final states written to
-  the pool.  fla is timed eagerly (its varlen path is not graph-capturable); ATOM eagerly (the row
-  compared with fla) and by graph replay.  Target: faster than fla's ``chunk_gated_delta_rule``.
-* ``conv update`` / ``conv prefill`` / ``rms_norm_gated``: the small ops of the layer against their floors.
+  the pool, q/k through SiLU as the conv output the layer passes (correlated keys stress the WY inverse).
+  fla is timed eagerly (its varlen path is not graph-capturable); ATOM eagerly (the row compared with
+  fla) and by graph replay.  Target: faster than fla's ``chunk_gated_delta_rule``.  Each row carries
+  ``rel_err_vs_split``: its output against the first version's (``config["intra"] = "split"``), so a
+  fast config that computes something else shows.  The sweep includes that first version, so old and
+  new are compared in one run; the kernel breakdown of the best config follows.
+* ``conv update`` / ``conv prefill`` / ``rms_norm_gated``: the small ops of the layer against their floors
+  (``--quick`` times only their chosen configs).
 
 Every Triton config of the sweep is a row (``"sweep": true``); the best per case is repeated as
 ``impl="atom best"`` with its config, so one GPU run picks the CONFIGS entries.  fla rows are skipped
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from typing import Any
 
 import torch
@@ -38,6 +44,7 @@ ACT = torch.bfloat16
 L2_DEFEAT_BYTES = 256 << 20  # bytes touched per graph replay, well above the H200's 50 MB L2
 DEVICE = "cuda"
 MAX_TILE_PER_THREAD = 128  # decode configs holding more fp32 state elements per thread would spill
+ACCURACY_BOUND = 2e-2  # relative error of a prefill config's bf16 output vs the first version's (the tests' bf16 bound)
 
 
 def _fla():
@@ -78,7 +85,10 @@ def _row(case: str, impl: str, timing: dict | Exception, nbytes: int, ctx: dict,
 
 
 def _best(rows: list[dict], case: str, impl: str = "atom best", **match: Any) -> dict | None:
-    mine = [r for r in rows if r["case"] == case and r.get("sweep") and "us" in r and all(r.get(k) == v for k, v in match.items())]
+    """The fastest sweep row of ``case`` (matching ``match``); rows whose output disagrees with the first
+    version beyond the bf16 tolerance never count as best."""
+    mine = [r for r in rows if r["case"] == case and r.get("sweep") and "us" in r
+            and r.get("rel_err_vs_split", 0.0) <= ACCURACY_BOUND and all(r.get(k) == v for k, v in match.items())]
     if not mine:
         return None
     best = dict(min(mine, key=lambda r: r["us"]))
@@ -103,8 +113,12 @@ def kernel_breakdown(fn, case: str) -> list[dict]:
         return [{"case": case, "impl": "kernel breakdown", "error": repr(err)}]
 
 
-def _inputs(num_tokens: int, gen: torch.Generator):
+def _inputs(num_tokens: int, gen: torch.Generator, silu_qk: bool = False):
+    """q, k, v as views into one packed projection (as the layer passes them), a, b, A_log, dt_bias.
+    ``silu_qk``: q/k through SiLU, like the conv output they come from (positive-mean, correlated keys)."""
     proj = torch.randn(num_tokens, CONV_DIM, device=DEVICE, dtype=ACT, generator=gen)
+    if silu_qk:
+        proj[:, : 2 * H * K] = torch.nn.functional.silu(proj[:, : 2 * H * K])
     q = proj[:, : H * K].view(num_tokens, H, K)
     k = proj[:, H * K : 2 * H * K].view(num_tokens, H, K)
     v = proj[:, 2 * H * K :].view(num_tokens, HV, V)
@@ -181,25 +195,51 @@ def _decode_case(ctx: dict, fla, n: int, gen: torch.Generator) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------- prefill
+# One knob changed from the shape class's default at a time (a coordinate sweep; knobs act on separate kernels).
+# "intra": "split" is the first version (two kernels, A through memory), kept to compare old and new in one run.
 PREFILL_SWEEP = {
-    "prep_warps": [1, 2, 4, 8],
-    "wu_warps": [2, 4, 8],
+    "intra": ["fused", "solve", "split"],
+    "intra_warps": [1, 2, 4],
+    "intra_BK": [32, 64],
+    "inverse": ["subst", "double"],
+    "inv_prec": ["tf32", "ieee"],
     "state_BV": [16, 32, 64],
     "state_warps": [2, 4, 8],
     "state_stages": [1, 2, 3],
     "out_BV": [32, 64, 128],
     "out_warps": [4, 8],
 }
+# --quick: the candidates that decide the defaults, few enough to compile in seconds
+PREFILL_QUICK = {  # the intra_* and inverse knobs only change the "fused"/"solve" kernels
+    "intra": ["fused", "solve", "split"],
+    "intra_warps": [1, 2],
+    "inverse": ["subst", "double"],
+    "state_BV": [32],
+    "state_stages": [2, 3],
+    "out_BV": [64, 128],
+}
+
+
+# ATOM_GDN_BENCH_FOCUS=1: only the shipped default ("split") against "fused" and "solve" (the one decision a
+# short GPU run can afford); ATOM_GDN_BENCH_PARTS narrows the run to some of "decode", "prefill", "small" (default all).
+PREFILL_FOCUS = {"intra": ["fused", "solve"]}
+FOCUS_ENV, PARTS_ENV = "ATOM_GDN_BENCH_FOCUS", "ATOM_GDN_BENCH_PARTS"
+PARTS = ("decode", "prefill", "small")
 
 
 def prefill_configs(base: dict, quick: bool) -> list[dict]:
-    """The default, then one knob changed at a time (a coordinate sweep; knobs act on separate kernels)."""
+    """The default, then one knob changed at a time."""
     configs = [dict(base)]
-    for knob, values in PREFILL_SWEEP.items():
-        for value in values[:: 2 if quick else 1]:
+    sweep = PREFILL_FOCUS if os.environ.get(FOCUS_ENV) else PREFILL_QUICK if quick else PREFILL_SWEEP
+    for knob, values in sweep.items():
+        for value in values:
             if value != base[knob]:
                 configs.append({**base, knob: value})
     return configs
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def prefill_flops(num_tokens: int) -> float:
@@ -221,7 +261,7 @@ def _prefill_case(ctx: dict, fla, num_seqs: int, seq_len: int, gen: torch.Genera
     rows: list[dict] = []
     case = f"prefill {num_seqs}x{seq_len}"
     T = num_seqs * seq_len
-    q, k, v, a, b, A_log, dt_bias = _inputs(T, gen)
+    q, k, v, a, b, A_log, dt_bias = _inputs(T, gen, silu_qk=True)
     cu = torch.arange(num_seqs + 1, device=DEVICE, dtype=torch.int32) * seq_len
     slots = torch.arange(num_seqs, device=DEVICE)
     pool = torch.zeros(num_seqs, HV, K, V, device=DEVICE)
@@ -234,9 +274,14 @@ def _prefill_case(ctx: dict, fla, num_seqs: int, seq_len: int, gen: torch.Genera
                                                    state_layout=K_MAJOR, config=cfg)
 
     base = chunk_triton.CONFIGS[chunk_triton.shape_class(num_seqs, HV)]
+    # every config's output against the first version's (fp32 substitution, IEEE merges): a fast variant
+    # that computes the wrong thing must show here, not only in the tests
+    ref_out = call({**base, "intra": "split"}).clone()
     for cfg in prefill_configs(base, ctx.get("quick", False)):
         timing = _time(functools.partial(call, cfg), eager=True)
-        rows.append(_row(case, "atom triton (eager)", timing, nbytes, ctx, flops, sweep=True, config=cfg, default=cfg == base))
+        extra = {} if isinstance(timing, Exception) else {"rel_err_vs_split": _rel_err(call(cfg), ref_out)}
+        rows.append(_row(case, "atom triton (eager)", timing, nbytes, ctx, flops, sweep=True, config=cfg,
+                         default=cfg == base, **extra))
     best = _best(rows, case)
     if best:
         rows.append(best)
@@ -256,7 +301,8 @@ def _prefill_case(ctx: dict, fla, num_seqs: int, seq_len: int, gen: torch.Genera
                              output_final_state=True, cu_seqlens=cu_long, cu_seqlens_cpu=cu_cpu)
 
         timing = _time(fla_call, eager=True)
-        rows.append(_row(case, f"fla {version} chunk (eager)", timing, nbytes, ctx, flops, sweep=False))
+        extra = {} if isinstance(timing, Exception) else {"rel_err_vs_split": _rel_err(fla_call()[0][0], ref_out)}
+        rows.append(_row(case, f"fla {version} chunk (eager)", timing, nbytes, ctx, flops, sweep=False, **extra))
         rows += [dict(r, impl="fla kernel breakdown") for r in kernel_breakdown(fla_call, case)]
     return rows
 
@@ -284,8 +330,8 @@ def _conv_update_case(ctx: dict, n: int, weight: torch.Tensor, gen: torch.Genera
     pool = torch.randn(n, 3, CONV_DIM, device=DEVICE, dtype=ACT, generator=gen).transpose(1, 2)
     slots = torch.arange(n, device=DEVICE)
     nbytes = n * CONV_DIM * (2 + 2 + 3 * 2 * 2)  # x in, out, state read + written
-    for bd, warps in itertools.product([128, 256, 512, 1024], [1, 2, 4]):
-        cfg = dict(BD=bd, num_warps=warps)
+    sweep = [dict(BD=bd, num_warps=warps) for bd, warps in itertools.product([128, 256, 512, 1024], [1, 2, 4])]
+    for cfg in [conv_update_triton.CONFIGS["default"]] if ctx.get("quick") else sweep:  # quick: chosen already
         timing = _time(functools.partial(conv_update_triton.causal_conv1d_update, x, weight, None, pool, slots, config=cfg))
         rows.append(_row(case, "atom triton", timing, nbytes, ctx, sweep=True, config=cfg))
     return rows + [r for r in [_best(rows, case)] if r]
@@ -298,8 +344,8 @@ def _conv_prefill_case(ctx: dict, T: int, weight: torch.Tensor, gen: torch.Gener
     pool = torch.zeros(1, 3, CONV_DIM, device=DEVICE, dtype=ACT).transpose(1, 2)
     cu = torch.tensor([0, T], device=DEVICE, dtype=torch.int32)
     slots = torch.zeros(1, dtype=torch.long, device=DEVICE)
-    for bt, bd, warps in itertools.product([16, 32, 64], [64, 128, 256], [4, 8]):
-        cfg = dict(BT=bt, BD=bd, num_warps=warps)
+    sweep = [dict(BT=bt, BD=bd, num_warps=warps) for bt, bd, warps in itertools.product([16, 32, 64], [64, 128, 256], [4, 8])]
+    for cfg in [conv_triton.CONFIGS["default"]] if ctx.get("quick") else sweep:  # quick: chosen already
         timing = _time(functools.partial(conv_triton.causal_conv1d, x, weight, None, pool, cu, slots, None, config=cfg))
         rows.append(_row(case, "atom triton", timing, 2 * T * CONV_DIM * 2, ctx, sweep=True, config=cfg))
     return rows + [r for r in [_best(rows, case)] if r]
@@ -340,8 +386,12 @@ def run(ctx: dict) -> list[dict]:
     rows: list[dict] = []
     if fla is None:
         rows.append({"case": "all", "impl": "fla", "skipped": f"flash-linear-attention not importable: {why}"})
+    parts = [p.strip() for p in os.environ.get(PARTS_ENV, ",".join(PARTS)).split(",") if p.strip()]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"{PARTS_ENV}: unknown parts {sorted(unknown)}; known: {PARTS}")
+    producers = {"decode": decode_rows, "prefill": prefill_rows, "small": lambda c, _fla: small_op_rows(c)}
     with torch.inference_mode():
-        rows += decode_rows(ctx, fla)
-        rows += prefill_rows(ctx, fla)
-        rows += small_op_rows(ctx)
+        for part in parts:
+            rows += producers[part](ctx, fla)
     return rows + target_rows(rows)

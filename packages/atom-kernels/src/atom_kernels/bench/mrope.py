@@ -11,12 +11,20 @@ Floors (bytes / measured copy bandwidth): ``floor_us`` counts what the op must m
 of q and k read and written once (the whole heads when the norm is fused); ``floor_qk_us`` counts whole
 q and k read and written once.  They differ only under partial rotary (Qwen3.5).
 Targets: ``ratio_to_floor <= 1.3`` at T = 16384 and under 15 µs at T = 1024.
+
+Kernel configs: the full sweep times both kernels (``chunks``, ``pairs``) over block_h x num_warps; with
+``--quick`` the shipped config plus the handful per shape class in :data:`QUICK_SWEEP`.  Two environment
+variables narrow a run to what is being decided: ``ATOM_MROPE_BENCH_CASES`` (comma-separated case labels
+as the rows name them, e.g. ``qwen3.5+qknorm,qwen3.5``; default all) and ``ATOM_MROPE_BENCH_PEERS``
+(``eager,compile`` by default; ``eager`` skips the ``torch.compile`` peer and its compile time, empty
+skips both).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +63,16 @@ CASES = [
 TOKENS = (1024, 16384)
 SWEEP_BLOCK_H = (1, 2, 4, 8, 16, 32)
 SWEEP_WARPS = (1, 2, 4, 8)
+_C = mrope_triton.Config
+# --quick: per shape class, the "chunks" kernel around 8-32 elements per thread and the best "pairs" config
+# of the 2026-11-30 H200 sweep as the control.
+QUICK_SWEEP: dict[str, tuple[mrope_triton.Config, ...]] = {
+    "norm-xwide": (_C(2, 1), _C(4, 1), _C(4, 2), _C(8, 2), _C(8, 4), _C(4, 2, "pairs")),  # Qwen3.5 + q/k norm
+    "rope-narrow": (_C(4, 1), _C(8, 2), _C(16, 2), _C(16, 4), _C(8, 2, "pairs")),  # Qwen3.5 rope alone
+    "norm-wide": (_C(4, 1), _C(4, 2), _C(8, 2), _C(8, 4), _C(8, 2, "pairs")),  # Qwen3-VL + q/k norm
+    "rope-wide": (_C(4, 1), _C(8, 2), _C(16, 2), _C(16, 4), _C(8, 2, "pairs")),  # Qwen3-VL, Qwen2.5-VL
+}
+PEERS_ENV, CASES_ENV = "ATOM_MROPE_BENCH_PEERS", "ATOM_MROPE_BENCH_CASES"
 MAX_POSITION = 32768
 
 
@@ -120,24 +138,39 @@ class Inputs:
 
 
 def _configs(case: Case, fused: bool, quick: bool) -> list[mrope_triton.Config]:
-    """The shipped config of this shape class, then every sweep point with 2..64 elements per thread."""
-    touched = case.head_size if fused else case.rotary_dim
-    configs = [mrope_triton.CONFIGS[mrope_triton.shape_class(case.head_size, case.rotary_dim, fused)]]
-    for block_h, warps in itertools.product(SWEEP_BLOCK_H, SWEEP_WARPS):
-        per_thread = block_h * touched / (warps * 32)
-        config = mrope_triton.Config(block_h=block_h, num_warps=warps)
-        if 2 <= per_thread <= 64 and block_h <= case.num_heads and not (quick and warps == 1) and config not in configs:
-            configs.append(config)
+    """The shipped config of this shape class, then the quick set, or every sweep point of both kernels with
+    2..64 elements per thread."""
+    shape = mrope_triton.shape_class(case.head_size, case.rotary_dim, fused)
+    if quick:
+        candidates = QUICK_SWEEP.get(shape, ())
+    else:
+        touched = case.head_size if fused else case.rotary_dim
+        candidates = [mrope_triton.Config(block_h, warps, kernel)
+                      for kernel, block_h, warps in itertools.product(mrope_triton.KERNELS, SWEEP_BLOCK_H, SWEEP_WARPS)
+                      if 2 <= block_h * touched / (warps * 32) <= 64 and block_h <= case.num_heads]
+    configs = [mrope_triton.CONFIGS[shape]]
+    configs.extend(c for c in candidates if c not in configs)
     return configs
 
 
 def run(ctx: dict) -> list[dict]:
     rows: list[dict] = []
+    wanted = {name.strip() for name in os.environ.get(CASES_ENV, "").split(",") if name.strip()}
     for case, num_tokens, fused in itertools.product(CASES, TOKENS, (False, True)):
-        if fused and case.hf_norm is None:
+        if (fused and case.hf_norm is None) or (wanted and _label(case, fused) not in wanted):
             continue
-        rows.extend(bench_case(case, num_tokens, fused, ctx))
+        rows.extend(bench_case(case, num_tokens, fused, ctx, device=ctx.get("device", "cuda")))
     return rows
+
+
+def _label(case: Case, fused: bool) -> str:
+    return f"{case.name}{'+qknorm' if fused else ''}"
+
+
+def _peers() -> tuple[str, ...]:
+    """The transformers peers to time: ``hf-eager`` and/or ``hf-compile`` (see the module docstring)."""
+    chosen = {name.strip() for name in os.environ.get(PEERS_ENV, "eager,compile").split(",") if name.strip()}
+    return tuple(f"hf-{name}" for name in ("eager", "compile") if name in chosen)
 
 
 def bench_case(case: Case, num_tokens: int, fused: bool, ctx: dict, device: str = "cuda") -> list[dict]:
@@ -154,7 +187,7 @@ def bench_case(case: Case, num_tokens: int, fused: bool, ctx: dict, device: str 
     offset = 1.0 if case.zero_centered else 0.0
     q_weight, k_weight = (torch.randn(case.head_size, device=device, dtype=torch.bfloat16) * 0.1 if fused else None
                           for _ in range(2))
-    base = dict(case=f"{case.name}{'+qknorm' if fused else ''}", T=num_tokens,
+    base = dict(case=_label(case, fused), T=num_tokens,
                 heads=f"{case.num_heads}/{case.num_kv_heads}", head_size=case.head_size, rotary_dim=case.rotary_dim,
                 layout="interleaved" if case.interleaved else "chunked", bytes=op_bytes,
                 floor_us=op_bytes / copy_bw * 1e6, floor_qk_us=qk_bytes / copy_bw * 1e6)
@@ -196,8 +229,9 @@ def bench_case(case: Case, num_tokens: int, fused: bool, ctx: dict, device: str 
             cos, sin = rotary(q, pos_ids)
             return apply_rope(q, k, cos, sin)
 
-        compiled = torch.compile(hf_step, dynamic=False)
-        for name, fn in (("hf-eager", hf_step), ("hf-compile", compiled)):
+        impls = {"hf-eager": lambda: hf_step, "hf-compile": lambda: torch.compile(hf_step, dynamic=False)}
+        for name in _peers():
+            fn = impls[name]()
             timed = measure(lambda fn=fn: fn(*inputs.next()))
             peers[f"{name.replace('-', '_')}_us"] = timed["us"]
             row(name, timed["us"], graph=timed["graph"])
@@ -208,7 +242,10 @@ def bench_case(case: Case, num_tokens: int, fused: bool, ctx: dict, device: str 
         shipped = mrope_triton.CONFIGS[mrope_triton.shape_class(case.head_size, case.rotary_dim, fused)]
         best_us, best = min(sweep, key=lambda item: item[0])
         meets = best_us / base["floor_us"] <= TARGET_RATIO_LARGE if num_tokens >= 16384 else best_us < TARGET_US_SMALL
+        best_by_kernel = {kernel: min(us for us, c in sweep if c.kernel == kernel)
+                          for kernel in mrope_triton.KERNELS if any(c.kernel == kernel for _, c in sweep)}
         row("atom-triton-best", best_us, config=vars(best), shipped_config=vars(shipped),
-            shipped_us=next((us for us, c in sweep if c == shipped), None), meets_target=meets, **peers)
+            shipped_us=next((us for us, c in sweep if c == shipped), None), meets_target=meets,
+            ratio_to_floor_qk=best_us / base["floor_qk_us"], best_us_by_kernel=best_by_kernel, **peers)
     row("floor", base["floor_us"])
     return rows

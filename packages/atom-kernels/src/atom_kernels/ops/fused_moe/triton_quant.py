@@ -8,8 +8,10 @@ so the weight (the large, streamed operand) fills the MMA's 64-row side and a de
 * ``fp8-block``: the hidden states are quantized per token per 128 columns once (``quant_fp8``); each
   K step of 128 multiplies one weight block by one activation group and scales the partial product by
   both scales; the SiLU-and-mul rows are quantized the same way before the down GEMM.
-* ``mxfp4``: weights decoded in registers by ``mxfp4_mm``'s ``decode_mxfp4_tile`` (bf16 MMA),
-  activations stay in hidden's dtype.
+* ``mxfp4``: weights decoded in registers as ``mxfp4_mm``'s small-M kernel does it in its ``"wgmma"``
+  arrangement (``triton_small_m.logical_tile``: 16-byte runs of codes, a ``prmt`` decode, bf16 MMA from
+  registers) and the activations gathered in the same permuted K order (``activation_k``); they stay in
+  hidden's dtype.  ``C`` (scale groups per run) is the largest of 4, 2, 1 dividing K / 32 and BLOCK_K / 32.
 
 Loop bounds are compile-time constants (H, I, tiles); row counts only size grids (CUDA-graph safe).
 """
@@ -24,7 +26,7 @@ from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.ops.fused_moe.configs import GemmTile, MoeKernelConfig, shape_class
 from atom_kernels.ops.fused_moe.triton import _grid_position, _moe_sum_kernel
 from atom_kernels.ops.moe_align.triton import moe_align_block_size
-from atom_kernels.ops.mxfp4_mm.triton import _SHIFT, decode_mxfp4_tile, to_mma_order
+from atom_kernels.ops.mxfp4_mm.triton_small_m import _SHIFT, activation_k, chunk_groups, logical_tile, run_scales, word_runs
 
 FP8_BLOCK, MXFP4 = 0, 1
 FORMATS = {"fp8-block": FP8_BLOCK, "mxfp4": MXFP4}
@@ -80,9 +82,9 @@ def unsupported_quant(hidden, w13, w2, quant, config) -> str | None:
 def _load_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, scale_rows,
                       w_stride_e, w_stride_n, s_stride_e, s_stride_n,
                       K: tl.constexpr, FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EXACT: tl.constexpr, SHIFT: tl.constexpr):
-    """The weight tile ``[BLOCK_N, BLOCK_K]`` of ``rows`` at K offset ``k0``, and (fp8) its block scales
-    ``[BLOCK_N]`` from block-scale rows ``scale_rows``."""
+                      EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr):
+    """The weight tile ``[BLOCK_N, BLOCK_K]`` of ``rows`` at K offset ``k0`` (mxfp4: in the permuted K order of
+    ``activation_k``), and (fp8) its block scales ``[BLOCK_N]`` from block-scale rows ``scale_rows``."""
     if FORMAT == 0:
         ks = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + expert * w_stride_e + rows.to(tl.int64)[:, None] * w_stride_n + ks[None, :],
@@ -90,26 +92,27 @@ def _load_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, scale_rows,
         scale = tl.load(s_ptr + expert * s_stride_e + scale_rows * s_stride_n + k0 // 128, mask=row_ok, other=0.0)
         return w, scale
     else:
-        G: tl.constexpr = BLOCK_K // 32
-        g = k0 // 32 + tl.arange(0, G)
-        g_ok = g < K // 32
+        NB: tl.constexpr = BLOCK_K // (32 * C)
+        ok = row_ok[:, None, None] & ((k0 // (32 * C) + tl.arange(0, NB)) < K // (32 * C))[None, :, None]
         words = tl.load(w_ptr + expert * w_stride_e + rows.to(tl.int64)[:, None, None] * w_stride_n
-                        + g[None, :, None] * 4 + tl.arange(0, 4)[None, None, :],
-                        mask=row_ok[:, None, None] & g_ok[None, :, None], other=0)
-        e = tl.load(s_ptr + expert * s_stride_e + rows.to(tl.int64)[:, None] * s_stride_n + g[None, :],
-                    mask=row_ok[:, None] & g_ok[None, :], other=0)
-        return decode_mxfp4_tile(words, e, BLOCK_N, BLOCK_K, EXACT, SHIFT), tl.zeros([BLOCK_N], dtype=tl.float32)
+                        + (k0 // 8 + word_runs(NB, C))[None, :, :], mask=ok, other=0)
+        e = tl.load(s_ptr + expert * s_stride_e + rows.to(tl.int64)[:, None, None] * s_stride_n
+                    + (k0 // 32 + run_scales(NB, C))[None, :, :], mask=ok, other=0)
+        return logical_tile(words, e, BLOCK_N, BLOCK_K, C, True, EXACT, SHIFT), tl.zeros([BLOCK_N], dtype=tl.float32)
 
 
 @triton.jit
 def _activation_tile(x_ptr, x_rows, row_ok, x_stride, k0, K: tl.constexpr, FORMAT: tl.constexpr,
-                     BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, EXACT: tl.constexpr):
-    """The activation tile ``[BLOCK_K, BLOCK_M]`` (K-major columns of the given rows)."""
-    ks = k0 + tl.arange(0, BLOCK_K)
+                     BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, EXACT: tl.constexpr, C: tl.constexpr):
+    """The activation tile ``[BLOCK_K, BLOCK_M]`` (K-major columns of the given rows; mxfp4: the permuted K
+    order of the weight tile)."""
+    if FORMAT == 1:
+        ks = k0 + activation_k(BLOCK_K, C, True)
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + x_rows.to(tl.int64)[None, :] * x_stride + ks[:, None],
                 mask=row_ok[None, :] & (ks < K)[:, None], other=0.0)
     if FORMAT == 1:
-        x = to_mma_order(x, BLOCK_K, BLOCK_M)
         x = x.to(tl.float32) if EXACT else x.to(tl.bfloat16)
     return x
 
@@ -127,7 +130,7 @@ def _moe_up_quant_kernel(
     act_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks,
     TOP_K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, FORMAT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EXACT: tl.constexpr, SHIFT: tl.constexpr,
+    EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr,
 ):
     block, tile = _grid_position(num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
     expert = tl.load(block_experts_ptr + block).to(tl.int64)
@@ -143,12 +146,12 @@ def _moe_up_quant_kernel(
     up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     UP_SCALE_ROW: tl.constexpr = I // 128  # fp8: the up projection's first block-scale row (I % 128 == 0)
     for k0 in range(0, H, BLOCK_K):
-        x = _activation_tile(x_ptr, tokens, row_ok, x_stride, k0, H, FORMAT, BLOCK_K, BLOCK_M, EXACT)
+        x = _activation_tile(x_ptr, tokens, row_ok, x_stride, k0, H, FORMAT, BLOCK_K, BLOCK_M, EXACT, C)
         wg, sg = _load_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, cols // 128, w_stride_e, w_stride_n,
-                                   s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT)
+                                   s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT, C)
         wu, su = _load_weight_tile(w_ptr, s_ptr, expert, cols + I, col_ok, k0, UP_SCALE_ROW + cols // 128,
                                    w_stride_e, w_stride_n, s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K,
-                                   EXACT, SHIFT)
+                                   EXACT, SHIFT, C)
         if FORMAT == 0:
             sx = tl.load(xs_ptr + tokens.to(tl.int64) * xs_stride + k0 // 128, mask=row_ok, other=0.0)
             gate += tl.dot(wg, x) * (sg[:, None] * sx[None, :])
@@ -170,7 +173,7 @@ def _moe_down_quant_kernel(
     out_ptr, weights_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks,
     H: tl.constexpr, I: tl.constexpr, FORMAT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EXACT: tl.constexpr, SHIFT: tl.constexpr,
+    EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr,
 ):
     block, tile = _grid_position(num_row_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
     expert = tl.load(block_experts_ptr + block).to(tl.int64)
@@ -183,9 +186,9 @@ def _moe_down_quant_kernel(
     col_ok = cols < H
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
-        a = _activation_tile(a_ptr, rows, row_ok, a_stride, k0, I, FORMAT, BLOCK_K, BLOCK_M, EXACT)
+        a = _activation_tile(a_ptr, rows, row_ok, a_stride, k0, I, FORMAT, BLOCK_K, BLOCK_M, EXACT, C)
         w, sw = _load_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, cols // 128, w_stride_e, w_stride_n,
-                                  s_stride_e, s_stride_n, I, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT)
+                                  s_stride_e, s_stride_n, I, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT, C)
         if FORMAT == 0:
             sa = tl.load(as_ptr + rows.to(tl.int64) * as_stride + k0 // 128, mask=row_ok, other=0.0)
             acc += tl.dot(w, a) * (sw[:, None] * sa[None, :])
@@ -228,11 +231,13 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
     if fmt == FP8_BLOCK:
         x, xs = quant_fp8(hidden, SCALE_BLOCK)
         k_up = k_down = SCALE_BLOCK
+        c_up = c_down = 1  # unused
         w13v, w2v = w13, w2
         s13, s2 = quant.w13_scale, quant.w2_scale
     else:
         x, xs = hidden, hidden  # xs unused
         k_up, k_down = up.block_k, down.block_k
+        c_up, c_down = chunk_groups(size, k_up), chunk_groups(inter, k_down)
         w13v, w2v = w13.view(torch.int32), w2.view(torch.int32)  # 8 codes per word
         s13, s2 = quant.w13_scale.view(torch.uint8), quant.w2_scale.view(torch.uint8)
     act = torch.empty((sorted_ids.numel(), inter), dtype=hidden.dtype, device=hidden.device)
@@ -240,7 +245,7 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
         x, x.stride(0), xs, xs.stride(0), w13v, w13v.stride(0), w13v.stride(1), s13, s13.stride(0), s13.stride(1),
         act, sorted_ids, block_experts, num_pairs, num_row_blocks,
         TOP_K=top_k, H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=up.block_n, BLOCK_K=k_up,
-        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, num_warps=up.num_warps, num_stages=up.num_stages,
+        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_up, num_warps=up.num_warps, num_stages=up.num_stages,
     )
     if fmt == FP8_BLOCK:
         a, a_s = quant_fp8(act, SCALE_BLOCK)
@@ -251,7 +256,8 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
         a, a.stride(0), a_s, a_s.stride(0), w2v, w2v.stride(0), w2v.stride(1), s2, s2.stride(0), s2.stride(1),
         pair_out, weights, sorted_ids, block_experts, num_pairs, num_row_blocks,
         H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=down.block_n, BLOCK_K=k_down,
-        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, num_warps=down.num_warps, num_stages=down.num_stages,
+        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_down, num_warps=down.num_warps,
+        num_stages=down.num_stages,
     )
     if top_k > 1:
         block_h = min(1024, triton.next_power_of_2(size))

@@ -19,23 +19,30 @@ from atom_kernels.ops.mrope.reference import check_section
 from atom_kernels.ops.rotary_embedding.triton import _head_strides
 
 MAX_HEAD_SIZE = 1024
+# "chunks": each head as rotary-sized chunks of two contiguous halves, every dim loaded once into one layout;
+# "pairs" (the first version): the rotated halves and the pass-through dims as separate tiles.
+KERNELS = ("chunks", "pairs")
 
 
 @dataclass(frozen=True)
 class Config:
     block_h: int  # heads per program
     num_warps: int
+    kernel: str = "chunks"  # a key of KERNELS: how a program lays out the dims of its heads
 
 
-# Chosen per shape class from the H200 sweep of ``python -m atom_kernels.bench mrope``; until that run the
-# entries are the starting points the sweep is centred on (about 2K elements per program).
+# Chosen per shape class from H200 sweeps of ``python -m atom_kernels.bench mrope``.  2026-11-30, first sweep
+# ("pairs" only): block_h 8 / 2 warps best for the head-128 cases; Qwen3.5's fused norm (head 256) ran at
+# 2.8x the floor.  Second sweep (both kernels, --quick): "chunks" 4 heads / 1 warp runs Qwen3.5 + q/k norm at
+# 96 us for 16384 tokens (1.19x the floor; "pairs" 233 us), rope alone 16 heads / 2 warps; for head 128 both
+# kernels are within 0.3 us of each other ("chunks" kept: one kernel to maintain for the common case).
 CONFIGS: dict[str, Config] = {
-    "rope-narrow": Config(block_h=16, num_warps=4),  # rotates <= 64 dims per head (Qwen3.5: 64 of 256)
-    "rope-wide": Config(block_h=8, num_warps=4),  # <= 128 (Qwen2.5-VL, Qwen3-VL)
-    "rope-xwide": Config(block_h=4, num_warps=4),
-    "norm-narrow": Config(block_h=16, num_warps=4),
-    "norm-wide": Config(block_h=8, num_warps=4),  # whole heads of 128 dims (Qwen3-VL)
-    "norm-xwide": Config(block_h=4, num_warps=4),  # whole heads of 256 dims (Qwen3.5)
+    "rope-narrow": Config(block_h=16, num_warps=2),  # rotates <= 64 dims per head (Qwen3.5: 64 of 256)
+    "rope-wide": Config(block_h=8, num_warps=2),  # <= 128 (Qwen2.5-VL, Qwen3-VL)
+    "rope-xwide": Config(block_h=4, num_warps=2),  # not measured (no catalog model rotates > 128 dims)
+    "norm-narrow": Config(block_h=16, num_warps=2),  # not measured
+    "norm-wide": Config(block_h=8, num_warps=2),  # whole heads of 128 dims (Qwen3-VL)
+    "norm-xwide": Config(block_h=4, num_warps=1),  # whole heads of 256 dims (Qwen3.5)
 }
 
 
@@ -73,7 +80,103 @@ def unsupported(positions, q, k, cos_sin_cache, head_size, mrope_section, interl
 
 
 @triton.jit
-def _norm_rotate_heads(x_ptr, w_ptr, token, token_stride, head_stride, num_heads, head_block, cos, sin,
+def _section_positions(pos_ptr, pos_row_stride, token, pos_token_stride, freq, sec_t, sec_h, sec_w,
+                       INTERLEAVED: tl.constexpr):
+    """The position each frequency is rotated by: three scalar loads (time, height, width), then a select.
+    int32 (``launch`` checks the cache has fewer than 2**31 elements, so position * rotary_dim fits)."""
+    base = pos_ptr + token * pos_token_stride
+    pos_t = tl.load(base, volatile=True).to(tl.int32)
+    pos_h = tl.load(base + pos_row_stride, volatile=True).to(tl.int32)
+    pos_w = tl.load(base + 2 * pos_row_stride, volatile=True).to(tl.int32)
+    if INTERLEAVED:
+        row_h = (freq % 3 == 1) & (freq < 3 * sec_h)
+        row_w = (freq % 3 == 2) & (freq < 3 * sec_w)
+    else:
+        row_h = (freq >= sec_t) & (freq < sec_t + sec_h)
+        row_w = freq >= sec_t + sec_h
+    return tl.where(row_h, pos_h, tl.where(row_w, pos_w, pos_t))
+
+
+@triton.jit
+def _chunk_heads(x_ptr, w_ptr, token, token_stride, head_stride, num_heads, head_block,
+                 pos_ptr, pos_row_stride, pos_token_stride, cache_ptr, rotary_dim, half, sec_t, sec_h, sec_w,
+                 head_size, eps, weight_offset,
+                 INTERLEAVED: tl.constexpr, NORM: tl.constexpr, EVEN: tl.constexpr, BLOCK_H: tl.constexpr,
+                 CHUNKS: tl.constexpr, HALF: tl.constexpr):
+    # A head is CHUNKS chunks of rotary_dim dims, each two halves of `half` dims: tile [BLOCK_H, CHUNKS, HALF].
+    # "a" holds the first half of every chunk, "b" the second.  The two loads read each dim once, both
+    # contiguous along the last axis and in the same layout, so the norm reduces over both and chunk 0's
+    # NeoX pairs (a, b) are rotated where they sit: no gather, no layout conversion.  Without the norm
+    # CHUNKS is 1: only the rotated dims are touched.
+    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    chunk = tl.arange(0, CHUNKS)
+    freq = tl.arange(0, HALF)
+    off_a = (chunk * rotary_dim)[:, None] + freq[None, :]  # [CHUNKS, HALF]
+    off_b = off_a + half
+    row_mask = (heads < num_heads)[:, None, None]
+    if EVEN:  # HALF == half and CHUNKS * rotary_dim == head_size: only whole heads are masked
+        mask_a = row_mask
+        mask_b = row_mask
+    else:
+        valid_a = (freq < half)[None, :] & (off_a < head_size)
+        valid_b = (freq < half)[None, :] & (off_b < head_size)
+        mask_a = row_mask & valid_a[None, :, :]
+        mask_b = row_mask & valid_b[None, :, :]
+    base = x_ptr + token * token_stride + heads.to(tl.int64)[:, None, None] * head_stride
+    # the data first, so its loads are in flight while the weights, positions and cos/sin are fetched
+    a = tl.load(base + off_a[None, :, :], mask=mask_a, other=0.0, volatile=True).to(tl.float32)
+    b = tl.load(base + off_b[None, :, :], mask=mask_b, other=0.0, volatile=True).to(tl.float32)
+    if NORM:
+        # loaded with the tile's shape (every head reads the same addresses) so they arrive in the tile's
+        # layout instead of being converted to it through shared memory
+        rows0 = tl.zeros([BLOCK_H, 1, 1], dtype=tl.int32)
+        if EVEN:
+            w_a = tl.load(w_ptr + off_a[None, :, :] + rows0)
+            w_b = tl.load(w_ptr + off_b[None, :, :] + rows0)
+        else:
+            w_a = tl.load(w_ptr + off_a[None, :, :] + rows0, mask=valid_a[None, :, :] & (rows0 == 0), other=0.0)
+            w_b = tl.load(w_ptr + off_b[None, :, :] + rows0, mask=valid_b[None, :, :] & (rows0 == 0), other=0.0)
+    pos = _section_positions(pos_ptr, pos_row_stride, token, pos_token_stride, freq, sec_t, sec_h, sec_w, INTERLEAVED)
+    freq_mask = freq < half
+    cos = tl.load(cache_ptr + pos * rotary_dim + freq, mask=freq_mask, other=1.0)[None, None, :]
+    sin = tl.load(cache_ptr + pos * rotary_dim + half + freq, mask=freq_mask, other=0.0)[None, None, :]
+    if NORM:
+        sum_sq = tl.sum(tl.sum(a * a + b * b, axis=2), axis=1)
+        inv_rms = tl.rsqrt(sum_sq / head_size + eps)[:, None, None]
+        # rounded to the tensor's dtype as the un-fused rms_norm would store it, then rotated
+        a = (a * inv_rms * (w_a.to(tl.float32) + weight_offset)).to(x_ptr.dtype.element_ty).to(tl.float32)
+        b = (b * inv_rms * (w_b.to(tl.float32) + weight_offset)).to(x_ptr.dtype.element_ty).to(tl.float32)
+    out_a = a * cos - b * sin
+    out_b = b * cos + a * sin
+    if CHUNKS > 1:  # chunks past the first are the pass-through dims (partial rotary)
+        rotated = (chunk == 0)[None, :, None]
+        out_a = tl.where(rotated, out_a, a)
+        out_b = tl.where(rotated, out_b, b)
+    tl.store(base + off_a[None, :, :], out_a.to(x_ptr.dtype.element_ty), mask=mask_a)
+    tl.store(base + off_b[None, :, :], out_b.to(x_ptr.dtype.element_ty), mask=mask_b)
+
+
+@triton.jit
+def _mrope_chunks_kernel(pos_ptr, pos_row_stride, pos_token_stride, cache_ptr, rotary_dim, half, sec_t, sec_h, sec_w,
+                         q_ptr, q_w_ptr, q_token_stride, q_head_stride, q_heads, q_blocks,
+                         k_ptr, k_w_ptr, k_token_stride, k_head_stride, k_heads,
+                         head_size, eps, weight_offset,
+                         INTERLEAVED: tl.constexpr, NORM: tl.constexpr, EVEN: tl.constexpr, BLOCK_H: tl.constexpr,
+                         CHUNKS: tl.constexpr, HALF: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    if block < q_blocks:
+        _chunk_heads(q_ptr, q_w_ptr, token, q_token_stride, q_head_stride, q_heads, block,
+                     pos_ptr, pos_row_stride, pos_token_stride, cache_ptr, rotary_dim, half, sec_t, sec_h, sec_w,
+                     head_size, eps, weight_offset, INTERLEAVED, NORM, EVEN, BLOCK_H, CHUNKS, HALF)
+    else:
+        _chunk_heads(k_ptr, k_w_ptr, token, k_token_stride, k_head_stride, k_heads, block - q_blocks,
+                     pos_ptr, pos_row_stride, pos_token_stride, cache_ptr, rotary_dim, half, sec_t, sec_h, sec_w,
+                     head_size, eps, weight_offset, INTERLEAVED, NORM, EVEN, BLOCK_H, CHUNKS, HALF)
+
+
+@triton.jit
+def _pairs_heads(x_ptr, w_ptr, token, token_stride, head_stride, num_heads, head_block, cos, sin,
                        half, rotary_dim, head_size, eps, weight_offset,
                        NORM: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
                        PASS: tl.constexpr):
@@ -110,7 +213,7 @@ def _norm_rotate_heads(x_ptr, w_ptr, token, token_stride, head_stride, num_heads
 
 
 @triton.jit
-def _mrope_kernel(pos_ptr, pos_row_stride, pos_token_stride, cache_ptr, rotary_dim, sec_t, sec_h, sec_w,
+def _mrope_pairs_kernel(pos_ptr, pos_row_stride, pos_token_stride, cache_ptr, rotary_dim, sec_t, sec_h, sec_w,
                   q_ptr, q_w_ptr, q_token_stride, q_head_stride, q_heads, q_blocks,
                   k_ptr, k_w_ptr, k_token_stride, k_head_stride, k_heads,
                   head_size, eps, weight_offset,
@@ -130,10 +233,10 @@ def _mrope_kernel(pos_ptr, pos_row_stride, pos_token_stride, cache_ptr, rotary_d
     cos = tl.load(cache_ptr + pos * rotary_dim + freq, mask=freq_mask, other=1.0)
     sin = tl.load(cache_ptr + pos * rotary_dim + half + freq, mask=freq_mask, other=0.0)
     if block < q_blocks:
-        _norm_rotate_heads(q_ptr, q_w_ptr, token, q_token_stride, q_head_stride, q_heads, block, cos, sin,
+        _pairs_heads(q_ptr, q_w_ptr, token, q_token_stride, q_head_stride, q_heads, block, cos, sin,
                            half, rotary_dim, head_size, eps, weight_offset, NORM, HAS_PASS, BLOCK_H, HALF, PASS)
     else:
-        _norm_rotate_heads(k_ptr, k_w_ptr, token, k_token_stride, k_head_stride, k_heads, block - q_blocks, cos, sin,
+        _pairs_heads(k_ptr, k_w_ptr, token, k_token_stride, k_head_stride, k_heads, block - q_blocks, cos, sin,
                            half, rotary_dim, head_size, eps, weight_offset, NORM, HAS_PASS, BLOCK_H, HALF, PASS)
 
 
@@ -156,16 +259,29 @@ def launch(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved
     norm = q_weight is not None
     q_blocks = triton.cdiv(q_heads, config.block_h)
     k_blocks = triton.cdiv(k_heads, config.block_h)
-    if num_tokens > 0 and q_blocks + k_blocks > 0:
-        _mrope_kernel[(num_tokens, q_blocks + k_blocks)](
+    if num_tokens == 0 or q_blocks + k_blocks == 0:
+        return
+    grid = (num_tokens, q_blocks + k_blocks)
+    head_args = (q, q_weight if norm else q, q_token_stride, q_head_stride, q_heads, q_blocks,
+                 k, k_weight if norm else k, k_token_stride, k_head_stride, k_heads, head_size, eps, weight_offset)
+    half, half_block = rotary_dim // 2, triton.next_power_of_2(rotary_dim // 2)
+    if config.kernel == "chunks":
+        chunks = triton.next_power_of_2(triton.cdiv(head_size, rotary_dim)) if norm else 1
+        even = half == half_block and (not norm or chunks * rotary_dim == head_size)
+        _mrope_chunks_kernel[grid](
+            positions, pos_row_stride, pos_token_stride, cos_sin_cache, rotary_dim, half, sec_t, sec_h, sec_w,
+            *head_args, INTERLEAVED=bool(interleaved), NORM=norm, EVEN=even, BLOCK_H=config.block_h,
+            CHUNKS=chunks, HALF=half_block, num_warps=config.num_warps,
+        )
+    elif config.kernel == "pairs":
+        _mrope_pairs_kernel[grid](
             positions, pos_row_stride, pos_token_stride, cos_sin_cache, rotary_dim, sec_t, sec_h, sec_w,
-            q, q_weight if norm else q, q_token_stride, q_head_stride, q_heads, q_blocks,
-            k, k_weight if norm else k, k_token_stride, k_head_stride, k_heads,
-            head_size, eps, weight_offset,
-            INTERLEAVED=bool(interleaved), NORM=norm, HAS_PASS=norm and head_size > rotary_dim,
-            BLOCK_H=config.block_h, HALF=triton.next_power_of_2(rotary_dim // 2),
+            *head_args, INTERLEAVED=bool(interleaved), NORM=norm, HAS_PASS=norm and head_size > rotary_dim,
+            BLOCK_H=config.block_h, HALF=half_block,
             PASS=triton.next_power_of_2(max(head_size - rotary_dim, 1)), num_warps=config.num_warps,
         )
+    else:
+        raise ValueError(f"unknown mrope kernel {config.kernel!r}; known: {KERNELS}")
 
 
 def mrope(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved=False, *,

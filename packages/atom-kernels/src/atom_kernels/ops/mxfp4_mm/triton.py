@@ -1,6 +1,8 @@
-"""Triton MXFP4 weight-only GEMM, designed for decode-sized M (bandwidth bound on the 4-bit weight).
+"""Triton MXFP4 weight-only GEMM.  Up to 16 tokens ``triton_small_m`` runs (a GEMV-shaped kernel:
+``mma.sync`` with the tokens on the 16-row side, cheap decode, split-K); above, the warpgroup-MMA kernel
+below.
 
-Layout of the work: operands are swapped, the weight's output features run along the 64/128-row MMA
+Layout of the work in the warpgroup-MMA kernel: operands are swapped, the weight's output features run along the 64/128-row MMA
 tile and the tokens along its 16-wide side, so M = 1..16 costs one padded 16-column tile; K is split
 over programs (fp32 partials, then ``gemm_common.reduce_splits``) until every SM has about two.
 
@@ -33,11 +35,14 @@ import triton.language as tl
 from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.formats import MX_GROUP
 from atom_kernels.ops.gemm_common import pick_split_k, reduce_splits
+from atom_kernels.ops.mxfp4_mm.triton_small_m import SMALL_M_MAX, mxfp4_mm_small_m
 
 # The decoded weights carry a factor 2**-SHIFT so every scale from 2**-93 to 2**33 stays a normal bf16.
 _SHIFT = 32
 
-# Kernel configurations by the number of tokens.  The bench sweeps alternatives (``SWEEP``).
+# Warpgroup-MMA kernel configurations by the number of tokens ("decode" runs only when asked for with
+# ``config={"kernel": "mma"}``: up to SMALL_M_MAX tokens the small-M kernel runs).  The bench sweeps
+# alternatives (``SWEEP``; the small-M kernel's are ``triton_small_m.SWEEP``).
 CONFIGS: dict[str, dict] = {
     "decode": dict(block_n=64, block_m=16, block_k=256, split_k="auto", group=1, num_warps=4, num_stages=4),
     "small": dict(block_n=64, block_m=64, block_k=128, split_k="auto", group=1, num_warps=4, num_stages=4),
@@ -45,12 +50,15 @@ CONFIGS: dict[str, dict] = {
     "large": dict(block_n=128, block_m=128, block_k=128, split_k=1, group=8, num_warps=8, num_stages=3),
 }
 
-# Decode-shape alternatives the bench times (each merged over CONFIGS["decode"]).
+# Decode-shape alternatives of the warpgroup-MMA kernel (each merged over CONFIGS["decode"]): its default
+# and the two best of the 2026-11-30 H200 sweep (31-34 us at N = K = 8192), kept as the baseline the
+# small-M kernel must beat.
 SWEEP: list[dict] = [
-    dict(block_n=bn, block_k=bk, split_k=sk, num_warps=nw, num_stages=4)
-    for bn, bk, nw in ((64, 256, 4), (64, 128, 4), (64, 512, 4), (128, 256, 4), (128, 128, 8))
-    for sk in (1, 2, 4)
-] + [dict(block_n=64, block_k=256, split_k="auto", num_warps=4, num_stages=ns) for ns in (3, 6)]
+    dict(kernel="mma"),
+    dict(kernel="mma", block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4),
+    dict(kernel="mma", block_n=128, block_k=128, split_k=4, num_warps=8, num_stages=4),
+]
+
 
 def shape_class(m: int) -> str:
     if m <= 16:
@@ -187,12 +195,18 @@ def _mxfp4_mm_kernel(
 
 def mxfp4_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
              config: dict | None = None) -> torch.Tensor:
+    """``config`` overrides the configuration; its ``"kernel"`` (``"small_m"`` or ``"mma"``) picks the
+    kernel, by default the small-M kernel up to ``SMALL_M_MAX`` tokens."""
     m, k = x.shape
     n = w.shape[0]
+    config = dict(config or {})
+    kernel = config.pop("kernel", "small_m" if m <= SMALL_M_MAX else "mma")
+    if kernel == "small_m":
+        return mxfp4_mm_small_m(x, w, w_scale, bias, config)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = dict(CONFIGS[shape_class(m)], **(config or {}))
+    cfg = dict(CONFIGS[shape_class(m)], **config)
     block_k = cfg["block_k"]
     tiles = triton.cdiv(n, cfg["block_n"]) * triton.cdiv(m, cfg["block_m"])
     k_iters = triton.cdiv(k, block_k)

@@ -1,0 +1,163 @@
+"""MXFP4 weight-only GEMM at decode sizes, the issue's target: at M <= 16 ATOM's MXFP4 must beat bf16
+cuBLAS by >= 2.5x (it moves a quarter of the bytes).
+
+For N = K = 8192 and gpt-oss-120b's expert gate|up shape (N = 5760, K = 2880), M = 1 and 16 (and 4
+without ``--quick``): bf16 cuBLAS, the op's default Triton path (``mxfp4_mm.call_backend("triton")``),
+every configuration of the small-M kernel (``triton_small_m.SWEEP``) and the warpgroup-MMA kernel's
+baseline configurations (``triton.SWEEP``), each row with its time, the floor (bytes over the measured
+copy bandwidth), the plan it ran (split, blocks) and its relative error against the dequantized matmul
+(so a fast but wrong configuration shows).  Then the fused MoE with MXFP4 experts at decode sizes.
+Summary rows: best configuration per case and the target check for the default and for the best.
+Weights rotate over enough copies that the L2 cache cannot hold them.
+
+``python -m atom_kernels.bench mxfp4 --quick --out F.json`` is the one GPU run that picks the default.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import torch
+
+from atom_kernels import formats, mxfp4_mm
+from atom_kernels.bench.timing import measure
+from atom_kernels.ops.mxfp4_mm import triton as mma_triton
+from atom_kernels.ops.mxfp4_mm import triton_small_m
+
+SHAPES = {"8192x8192": (8192, 8192), "moe-gpt-oss-w13": (5760, 2880)}  # (N, K)
+TOKENS = (1, 4, 16)
+QUICK_TOKENS = (1, 16)
+TARGET = 2.5  # speedup over bf16 at M <= 16
+L2_BYTES = 60 << 20
+MOE_CASES = {  # name -> (experts, top_k, hidden, intermediate); gpt-oss-120b with 32 of its 128 experts
+    "qwen3-30b-a3b": (128, 8, 2048, 768),  # (4 routings touch <= 16 of them: 200 MB, far above the L2 cache)
+    "gpt-oss-120b-e32": (32, 4, 2880, 2880),
+}
+
+
+def _copies(nbytes: int) -> int:
+    return max(1, -(-L2_BYTES // max(nbytes, 1)) + 1)
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _timed(fn, base: dict, nbytes: float, ctx: dict) -> dict:
+    try:
+        timing = measure(fn)
+    except Exception as err:  # a configuration that fails must not hide the others
+        return {**base, "error": f"{type(err).__name__}: {err}"[:300]}
+    us = timing["us"]
+    floor_us = nbytes / ctx["copy_bytes_per_s"] * 1e6
+    return {**base, "us": us, "graph": timing["graph"], "bytes": nbytes, "TBps": nbytes / (us * 1e-6) / 1e12,
+            "floor_us": floor_us, "x_floor": us / floor_us}
+
+
+def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True) -> list[dict]:
+    """bf16 cuBLAS and ATOM's MXFP4 kernels for one (N, K, M)."""
+    dev, bf16 = ctx.get("device", "cuda"), torch.bfloat16
+    x = torch.randn(m, k, device=dev, dtype=bf16)
+    w = torch.randn(n, k, device=dev, dtype=bf16) * 0.02
+    base = {"op": "mxfp4", "shape": shape, "N": n, "K": k, "M": m}
+    rows = []
+
+    copies = [w] + [w.clone() for _ in range(_copies(w.numel() * 2) - 1)]
+    cycle = itertools.cycle(copies)
+    rows.append(_timed(lambda: x @ next(cycle).t(), {**base, "op": "gemm", "impl": "bf16-cublas"},
+                       w.numel() * 2 + m * k * 2 + m * n * 2, ctx))
+    del copies, cycle
+
+    wp, ws = formats.quantize_mxfp4(w)
+    ref = x.float() @ formats.dequantize_mxfp4(wp, ws).t()
+    pairs = [(wp, ws)] + [(wp.clone(), ws.clone()) for _ in range(_copies(wp.numel() + ws.numel()) - 1)]
+    nbytes = wp.numel() + ws.numel() + m * k * 2 + m * n * 2
+    candidates = [("atom-triton", None)]
+    if sweep:
+        candidates += [("small-m sweep", cfg) for cfg in triton_small_m.SWEEP if cfg]  # {} is the default
+        candidates += [("mma sweep", cfg) for cfg in mma_triton.SWEEP]
+    for impl, cfg in candidates:
+        row = {**base, "impl": impl, "config": json.dumps(cfg) if cfg is not None else "default"}
+        if cfg is None or cfg.get("kernel", "small_m") == "small_m":
+            row["plan"] = json.dumps({key: v for key, v in triton_small_m.plan(m, n, k, x.device, cfg).items()
+                                      if key in ("mma", "block_n", "block_k", "split", "reduce", "num_warps",
+                                                 "num_stages")})
+        try:
+            row["rel_err"] = _rel_err(mxfp4_mm.call_backend("triton", x, wp, ws, None, config=cfg), ref)
+        except Exception as err:
+            rows.append({**row, "error": f"{type(err).__name__}: {err}"[:300]})
+            continue
+        cycle = itertools.cycle(pairs)
+
+        def fn(cfg=cfg, cycle=cycle):
+            b, s = next(cycle)
+            return mxfp4_mm.call_backend("triton", x, b, s, None, config=cfg)
+
+        rows.append(_timed(fn, row, nbytes, ctx))
+    return rows
+
+
+def moe_rows(ctx: dict, tokens_list=(1, 16), routings: int = 4) -> list[dict]:
+    """The fused MoE with MXFP4 experts (default configuration) at decode sizes."""
+    from atom_kernels import ExpertQuant, fused_moe, topk_routing
+
+    device, bf16 = ctx.get("device", "cuda"), torch.bfloat16
+    rows = []
+    for name, (experts, top_k, hidden, inter) in MOE_CASES.items():
+        w13 = torch.randn(experts, 2 * inter, hidden, device=device, dtype=bf16) * hidden**-0.5
+        w2 = torch.randn(experts, hidden, inter, device=device, dtype=bf16) * inter**-0.5
+        p13, e13 = formats.quantize_mxfp4(w13)
+        p2, e2 = formats.quantize_mxfp4(w2)
+        del w13, w2
+        quant = ExpertQuant("mxfp4", e13, e2)
+        per_expert = 3 * hidden * inter // 2 + 3 * hidden * inter // 32
+        for tokens in tokens_list:
+            x = torch.randn(tokens, hidden, device=device, dtype=bf16)
+            routes = [topk_routing(torch.randn(tokens, experts, device=device), top_k) for _ in range(routings)]
+            touched = sum(torch.unique(ids).numel() for _, ids in routes) / routings
+            calls = itertools.cycle(routes)
+
+            def fn(x=x, calls=calls, w13=p13, w2=p2, quant=quant):
+                weights, ids = next(calls)
+                return fused_moe.call_backend("triton", x, w13, w2, weights, ids, quant=quant)
+
+            base = {"op": "fused_moe", "impl": "atom-triton mxfp4", "case": name, "tokens": tokens,
+                    "experts": experts, "top_k": top_k, "hidden": hidden, "inter": inter, "touched_experts": touched}
+            rows.append(_timed(fn, base, touched * per_expert + 2 * tokens * hidden * 2, ctx))
+    return rows
+
+
+def summaries(rows: list[dict]) -> list[dict]:
+    """Best configuration per (shape, M) and the target check (default and best against bf16)."""
+    out = []
+    timed = [r for r in rows if "us" in r and r.get("op") in ("mxfp4", "gemm")]
+    for (shape, m), group in itertools.groupby(sorted(timed, key=lambda r: (r["shape"], r["M"])),
+                                               key=lambda r: (r["shape"], r["M"])):
+        group = list(group)
+        bf16 = [r["us"] for r in group if r["impl"] == "bf16-cublas"]
+        mx = [r for r in group if r["op"] == "mxfp4" and r.get("rel_err", 1.0) < 2e-2]
+        if not (bf16 and mx):
+            continue
+        best = min(mx, key=lambda r: r["us"])
+        default = next((r for r in mx if r["impl"] == "atom-triton"), None)
+        out.append({"summary": "mxfp4-vs-bf16", "shape": shape, "M": m, "bf16_us": bf16[0],
+                    "default_us": default["us"] if default else None, "best_us": best["us"],
+                    "best_impl": best["impl"], "best_config": best["config"], "best_plan": best.get("plan"),
+                    "speedup_default": bf16[0] / default["us"] if default else None,
+                    "speedup_best": bf16[0] / best["us"], "target": TARGET,
+                    "meets_target_default": bool(default) and bf16[0] / default["us"] >= TARGET,
+                    "meets_target_best": bf16[0] / best["us"] >= TARGET, "best_x_floor": best["x_floor"]})
+    return out
+
+
+def run(ctx: dict) -> list[dict]:
+    rows = []
+    tokens = QUICK_TOKENS if ctx.get("quick") else TOKENS
+    for shape, (n, k) in SHAPES.items():
+        for m in tokens:
+            rows.extend(gemm_rows(shape, n, k, m, ctx))
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    rows.extend(moe_rows(ctx))
+    return rows + summaries(rows)

@@ -1,0 +1,360 @@
+"""Triton MXFP4 weight-only GEMM for decode batches (M <= 16): a GEMV-shaped kernel that streams the
+4-bit weight once and keeps the decode cheap.
+
+Work split: each program owns ``BLOCK_N`` output columns and ``K_SPLIT`` of K (split-K so that a few
+programs per SM stream the weight even at M = 1); the tokens are padded to one 16-row tile.  Two MMA
+arrangements (``mma`` in the config):
+
+* ``"sync"``: the tokens are the MMA's A operand and the decoded weight its B operand
+  (``tl.dot(x, w.T)``); with 16 rows on the M side Triton uses Ampere-style ``mma.sync``, the warps split
+  the weight columns (no column is decoded twice), and the bf16 operand layout (``kWidth = 8``) gives each
+  thread 8 consecutive K of one column: exactly one 32-bit word of codes, decoded in place.
+* ``"wgmma"``: the weight is the A operand (``tl.dot(w, x.T)``, 64 weight rows per warpgroup MMA, fed from
+  registers) and the tokens the B operand from shared memory; the register layout (``kWidth = 2``) gives
+  each thread K pairs ``2t, 2t+1`` of every 8, so a word's four code pairs sit 8 apart in K.
+
+Either way the decoded values never take a shared-memory round trip (checked on the sm_90 SASS).
+
+K order: the kernel computes ``x_perm @ w_perm.T`` with the same permutation of K inside every block of
+``32 * C`` elements on both sides (``C`` = 4, 2 or 1 scale groups, the largest that divides ``K / 32``),
+so the result is ``x @ w.T``.  The permutation is chosen so that memory word ``C * t + j`` of a block
+lands where the MMA layout wants the codes of thread ``t`` (lane % 4) for logical group ``j``: each thread
+loads ``C`` contiguous words (one 16-byte load for C = 4) that share one e8m0 scale (memory group
+``(C t + j) // 4``), and the activations are gathered in the permuted order (8-element runs for
+``"sync"``, 2-element runs for ``"wgmma"``).
+
+Decode of one 32-bit word (8 codes, code ``i`` in bits ``4i..4i+3``) into four bf16x2 registers, by
+inline PTX (``_DECODE_ASM``) on a GPU: ``y = w << 4``; for pair ``i`` (codes ``2i``, ``2i+1``) one
+``prmt`` builds ``[sign(2i+1) x8 | byte_i(w) | sign(2i) x8 | byte_i(y)]`` (the ``prmt`` sign-replicate
+mode turns the nibble's sign bit into a whole byte), ``(t << 2) & 0x81C081C0`` leaves each half as the
+bf16 ``code * 2**-126`` (sign at bit 15, exponent bits 8..7 and mantissa bit 6 from the nibble), and
+one ``mul.bf16x2`` by ``2**(e - 1 - SHIFT)`` leaves ``code * 2**(e - 127) * 2**-SHIFT``: 4 instructions per
+pair plus one shift per word.  ``SHIFT`` = 32 keeps every product normal in bf16 for scales 2**-93 .. 2**33 (checked at
+load, ``MAX_SCALE_BYTE``); the fp32 accumulator is multiplied back by 2**SHIFT.  ``decode_pair_bits``
+below is the same algorithm in plain Python (the CPU tests check it code by code).
+
+In Triton's CPU interpreter (``EXACT``: no inline PTX, and bf16 arithmetic is unreliable there) the
+same tile is decoded with exact fp32 arithmetic and multiplied in fp32.
+
+Split-K partials (fp32) are summed in split order, so results do not depend on scheduling: either by
+the last program of each column block to finish (``REDUCE = 1``: an int32 arrival counter per column
+block, reset by that program for the next call; one kernel) or by ``gemm_common.reduce_splits``
+(``REDUCE = 0``: a second, tiny kernel).  Both are CUDA-graph safe (no host sync, fixed sizes).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.dispatch import triton_interpreting
+from atom_kernels.formats import MX_GROUP
+from atom_kernels.ops.gemm_common import reduce_splits
+
+SMALL_M_MAX = 16  # tokens; one 16-row MMA tile
+_SHIFT = 32
+_BLOCK_M = 16
+
+# Default configuration and the alternatives the bench sweeps (each merged over DEFAULT):
+#   mma: "sync" (tokens as the A operand, mma.sync, any block_n / num_warps) or "wgmma" (weights as the
+#        A operand from registers: warpgroup MMA when block_n % 64 == 0 and num_warps % 4 == 0);
+#   block_n: output columns per program; block_k: K per loop step; split_k: "auto" or a count; waves:
+#   programs per SM that "auto" aims for; reduce: "in_kernel" (arrival counters, one kernel) or "pass"
+#   (a second kernel).  Default from the H200 sweep of 2026-11-30 (``bench mxfp4 --quick``): wgmma, 64 columns,
+#   one stage was best or within 1.4 us of best on every case (8192x8192 M=1: 25.6 us vs bf16 34.3; gpt-oss
+#   w13 M=1/16: 9.1/9.5 us vs 11.2/11.1); the previous default (sync, 128, 2 stages) measured 34.9 us.
+DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
+                     num_stages=1)
+SWEEP: list[dict] = [
+    dict(),
+    dict(num_stages=3),
+    dict(block_n=128, block_k=128, num_stages=3),
+    dict(mma="sync", block_n=128, num_stages=1),
+    dict(mma="sync", block_n=128, num_stages=2),
+    dict(mma="sync", block_n=256, block_k=128, num_warps=8, num_stages=3),
+    dict(waves=8),
+    dict(split_k=1),
+    dict(reduce="pass"),
+]
+
+# One word -> four bf16x2 registers (see the module docstring).  $4: the word; $5: the scale as bf16x2.
+_DECODE_ASM = tl.constexpr("""
+{
+.reg .b32 y, t;
+shl.b32 y, $4, 4;
+prmt.b32 t, y, $4, 0xC480;
+shl.b32 t, t, 2;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $0, t, $5;
+prmt.b32 t, y, $4, 0xD591;
+shl.b32 t, t, 2;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $1, t, $5;
+prmt.b32 t, y, $4, 0xE6A2;
+shl.b32 t, t, 2;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $2, t, $5;
+prmt.b32 t, y, $4, 0xF7B3;
+shl.b32 t, t, 2;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $3, t, $5;
+}
+""")
+_PAIR_SELECTORS = (0xC480, 0xD591, 0xE6A2, 0xF7B3)  # prmt selectors of pairs 0..3 (documentation + tests)
+_PAIR_MASK = 0x81C081C0
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    """PTX ``prmt.b32`` (default mode): output byte ``j`` picks byte ``sel & 7`` of ``b:a``; selector bit 3
+    replicates that byte's sign bit instead."""
+    pool = (b << 32 | a).to_bytes(8, "little")
+    out = 0
+    for j in range(4):
+        sel = (selector >> (4 * j)) & 0xF
+        byte = pool[sel & 7]
+        out |= ((0xFF if byte & 0x80 else 0) if sel & 8 else byte) << (8 * j)
+    return out
+
+
+def decode_pair_bits(word: int, pair: int) -> int:
+    """The kernel's decode of codes ``2 pair`` (low half) and ``2 pair + 1`` (high half) of a 32-bit word
+    into two bf16 bit patterns ``code * 2**-126``, step by step as ``_DECODE_ASM`` does it."""
+    y = (word << 4) & 0xFFFFFFFF
+    t = _prmt(y, word, _PAIR_SELECTORS[pair])
+    return ((t << 2) & 0xFFFFFFFF) & _PAIR_MASK
+
+
+def chunk_groups(k: int, block_k: int | None = None) -> int:
+    """Scale groups per contiguous run of one thread (4 -> 16-byte loads): the largest of 4, 2, 1 that
+    divides ``K / 32`` (and ``block_k / 32``)."""
+    groups = [k // MX_GROUP] + ([block_k // MX_GROUP] if block_k else [])
+    return next(c for c in (4, 2, 1) if all(g % c == 0 for g in groups))
+
+
+@triton.jit
+def _split_pair(p):
+    lo = p.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    hi = (p >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return tl.join(lo, hi)
+
+
+@triton.jit
+def decode_words(words, e, SHIFT: tl.constexpr, EXACT: tl.constexpr):
+    """``words [R, W]`` int32 (8 codes each, code i in bits 4i..4i+3) and their e8m0 scales ``e [R, W]``
+    -> ``[R, W, 8]`` values ``* 2**-SHIFT`` in code order (bf16; fp32 when ``EXACT``)."""
+    if EXACT:
+        nib = (words[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 15
+        code = (((nib & 7) << 22) | ((nib & 8) << 28)).to(tl.float32, bitcast=True)  # code * 2**-126
+        scale = ((e.to(tl.int32) + (127 - SHIFT - 1)) << 23).to(tl.float32, bitcast=True)
+        return code * scale[:, :, None]
+    else:
+        mult = (e.to(tl.int32) + (127 - SHIFT - 1)) * 0x00800080  # the scale's bf16 bits in both halves
+        p0, p1, p2, p3 = tl.inline_asm_elementwise(_DECODE_ASM, "=r,=r,=r,=r,r,r", [words, mult],
+                                                   dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True,
+                                                   pack=1)
+        v = tl.join(tl.join(_split_pair(p0), _split_pair(p1)), tl.join(_split_pair(p2), _split_pair(p3)))
+        return tl.permute(v, (0, 1, 4, 3, 2))  # [R, W, l, i_lo, i_hi] -> code 4 i_hi + 2 i_lo + l
+
+
+@triton.jit
+def word_runs(NB: tl.constexpr, C: tl.constexpr):
+    """Word offsets ``[NB, 4C]`` of one K step's memory runs (row start 0): block ``b`` holds words ``4C b ..``."""
+    return (tl.arange(0, NB) * (4 * C))[:, None] + tl.arange(0, 4 * C)[None, :]
+
+
+@triton.jit
+def run_scales(NB: tl.constexpr, C: tl.constexpr):
+    """Scale offsets ``[NB, 4]`` (row start 0) of thread ``t``'s run in each block: group ``C b + C t // 4``."""
+    return (tl.arange(0, NB) * C)[:, None] + (C * tl.arange(0, 4) // 4)[None, :]
+
+
+@triton.jit
+def logical_tile(words, e, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, C: tl.constexpr, WGMMA: tl.constexpr,
+                 EXACT: tl.constexpr, SHIFT: tl.constexpr):
+    """Memory runs ``words [BLOCK_N, NB, 4C]`` int32 and their scales ``e [BLOCK_N, NB, 4]`` -> the decoded
+    weight tile ``[BLOCK_N, BLOCK_K]`` (values ``* 2**-SHIFT``) in the logical K order of ``activation_k``."""
+    NB: tl.constexpr = BLOCK_K // (32 * C)
+    W: tl.constexpr = BLOCK_K // 8
+    words = tl.reshape(tl.permute(tl.reshape(words, (BLOCK_N, NB, 4, C)), (0, 1, 3, 2)), (BLOCK_N, W))  # [.., j, t]
+    e = tl.reshape(tl.broadcast_to(e[:, :, None, :], (BLOCK_N, NB, C, 4)), (BLOCK_N, W))
+    v = decode_words(words, e, SHIFT, EXACT)  # [BLOCK_N, W, 8]: code order within each word
+    if WGMMA:  # code 2 p + l of word (j, t) -> logical 32 j + 8 p + 2 t + l
+        v = tl.permute(tl.reshape(v, (BLOCK_N, NB, C, 4, 4, 2)), (0, 1, 2, 4, 3, 5))
+    return tl.reshape(v, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def activation_k(BLOCK_K: tl.constexpr, C: tl.constexpr, WGMMA: tl.constexpr):
+    """The natural K offset (from the step start) of each logical K position: logical
+    ``32C blk + 32 j + 8 t + i`` ("sync") or ``32C blk + 32 j + 8 p + 2 t + l`` ("wgmma", i = 2 p + l) holds
+    code ``i`` of memory word ``C t + j`` of block ``blk``, natural ``32C blk + 8 (C t + j) + i``."""
+    kl = tl.arange(0, BLOCK_K)
+    base = (kl // (32 * C)) * (32 * C) + 8 * ((kl // 32) % C)
+    if WGMMA:
+        kn = base + 8 * C * ((kl // 2) % 4) + 2 * ((kl // 8) % 4) + kl % 2
+        return tl.max_contiguous(tl.multiple_of(kn, 2), 2)
+    kn = base + 8 * C * ((kl // 8) % 4) + kl % 8
+    return tl.max_contiguous(tl.multiple_of(kn, 8), 8)
+
+
+@triton.jit
+def _mxfp4_small_m_kernel(
+    w_ptr, s_ptr, x_ptr, out_ptr, ws_ptr, lock_ptr, bias_ptr,
+    N, M, stride_xm, stride_om,
+    K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    REDUCE: tl.constexpr, WGMMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SHIFT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    NB: tl.constexpr = BLOCK_K // (32 * C)  # blocks of 32*C elements per K step
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    if not EVEN_N:
+        offs_n = tl.where(mask_n, offs_n, 0)  # padding columns read column 0 (in bounds), never stored
+    blk = tl.arange(0, NB)
+    w_off = offs_n.to(tl.int64)[:, None, None] * (K // 8) + word_runs(NB, C)[None, :, :]
+    s_off = offs_n.to(tl.int64)[:, None, None] * (K // 32) + run_scales(NB, C)[None, :, :]
+    kn = activation_k(BLOCK_K, C, WGMMA)
+    x_off = offs_m.to(tl.int64)[:, None] * stride_xm + kn[None, :]
+    if WGMMA:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    for step in range(0, K_SPLIT, BLOCK_K):
+        k0 = pid_k * K_SPLIT + step
+        if EVEN_K:
+            words = tl.load(w_ptr + (w_off + k0 // 8))
+            e = tl.load(s_ptr + (s_off + k0 // 32))
+            x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None], other=0.0)
+        else:  # blocks past K read nothing (code 0, activation 0)
+            blk_ok = (k0 // (32 * C) + blk) < K // (32 * C)
+            words = tl.load(w_ptr + (w_off + k0 // 8), mask=blk_ok[None, :, None], other=0)
+            e = tl.load(s_ptr + (s_off + k0 // 32), mask=blk_ok[None, :, None], other=0)
+            x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None] & ((k0 + kn) < K)[None, :], other=0.0)
+        w_tile = logical_tile(words, e, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
+        x = x.to(tl.float32) if EXACT else x.to(tl.bfloat16)
+        if WGMMA:
+            acc = _dot(w_tile, tl.trans(x), acc, EXACT)
+        else:
+            acc = _dot(x, tl.trans(w_tile), acc, EXACT)
+    if WGMMA:
+        acc = tl.trans(acc)
+    acc = acc * (2.0 ** SHIFT)
+
+    out_offs = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + ws_offs, acc, mask=mask)
+        if REDUCE == 1:
+            tl.debug_barrier()  # every thread's partial is written before the arrival is published
+            arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:  # the last program of this column block sums all partials in order
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for split in range(SPLIT_K):
+                    total += tl.load(ws_ptr + split * M * N + ws_offs, mask=mask, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+                tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(lock_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next call
+
+
+@triton.jit
+def _dot(a, b, acc, EXACT: tl.constexpr):
+    if EXACT:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def pick_split(tiles: int, k_iters: int, device: torch.device, waves: int) -> int:
+    """The largest power of two that keeps about ``waves`` programs per SM, each with >= 2 K steps."""
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
+    split = 1
+    while tiles * split * 2 <= waves * sms and k_iters // (split * 2) >= 2:
+        split *= 2
+    return split
+
+
+_LOCKS: dict[tuple, torch.Tensor] = {}
+
+
+def _locks(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters (one per column block) for the in-kernel split-K reduction; every call
+    leaves them zero again.  One buffer per device and stream, so kernels on different streams never share
+    a counter.  (Made during a CUDA-graph capture, the buffer comes from the graph's pool and its zeroing is
+    part of the graph; the cache keeps it alive.)"""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _LOCKS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _LOCKS[key] = buf
+    return buf
+
+
+def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = None) -> dict:
+    """Launch parameters of one call (a dict the bench records)."""
+    cfg = dict(DEFAULT, **(config or {}))
+    block_k = cfg["block_k"]
+    if block_k % MX_GROUP or block_k & (block_k - 1):
+        raise ValueError(f"block_k must be a power of two >= {MX_GROUP}, got {block_k}")
+    c = chunk_groups(k, block_k)
+    tiles = triton.cdiv(n, cfg["block_n"])
+    k_iters = triton.cdiv(k, block_k)
+    split = cfg["split_k"]
+    if split == "auto":
+        split = pick_split(tiles, k_iters, device, cfg["waves"])
+    split = max(1, min(int(split), k_iters))
+    k_split = triton.cdiv(k_iters, split) * block_k
+    split = triton.cdiv(k, k_split)
+    return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split)
+
+
+def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
+                     config: dict | None = None, out: torch.Tensor | None = None,
+                     workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [M <= 16, K] @ dequant(w, w_scale).T (+ bias)``; ``out`` and ``workspace`` (fp32, at least
+    ``split * M * N``) may be given (the tests pass poisoned ones)."""
+    m, k = x.shape
+    n = w.shape[0]
+    if m > SMALL_M_MAX:
+        raise ValueError(f"the small-M MXFP4 kernel takes at most {SMALL_M_MAX} tokens, got {m}")
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    p = plan(m, n, k, x.device, config)
+    split = p["split"]
+    reduce_in_kernel = p["reduce"] == "in_kernel"
+    locks = _locks(x.device, p["tiles"]) if split > 1 and reduce_in_kernel else None
+    if split > 1 and workspace is None:
+        workspace = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    _mxfp4_small_m_kernel[(p["tiles"], split)](
+        w.view(torch.int32), w_scale.view(torch.uint8), x, out, workspace if split > 1 else out,
+        locks if locks is not None else out, bias if bias is not None else out,
+        n, m, x.stride(0), out.stride(0),
+        K=k, K_SPLIT=p["k_split"], SPLIT_K=split, C=p["c"], HAS_BIAS=bias is not None,
+        REDUCE=1 if reduce_in_kernel else 0, WGMMA=p["mma"] == "wgmma", BLOCK_N=p["block_n"], BLOCK_M=_BLOCK_M,
+        BLOCK_K=p["block_k"],
+        EXACT=triton_interpreting(), SHIFT=_SHIFT, EVEN_N=n % p["block_n"] == 0, EVEN_K=p["k_split"] * split == k,
+        num_warps=p["num_warps"], num_stages=p["num_stages"],
+    )
+    if split > 1 and not reduce_in_kernel:
+        reduce_splits(workspace[:split].view(split, m, n), out, bias)
+    return out

@@ -1,0 +1,174 @@
+"""The small-M (decode) MXFP4 GEMM kernel (``ops/mxfp4_mm/triton_small_m.py``) against the reference:
+its PTX decode algorithm code by code, every code and scale of the supported range at every K position,
+both MMA arrangements and K orders (C = 1, 2, 4 groups per run), odd N / K tails, M = 1, 3, 16, split-K
+with both reductions, poisoned outputs and workspaces, and CUDA-graph capture on a GPU."""
+
+import pytest
+import torch
+from helpers import assert_close, assert_graph_capturable, randn
+
+from atom_kernels import formats, mxfp4_mm
+from atom_kernels.ops.mxfp4_mm import triton_small_m as small
+
+CUDA = torch.cuda.is_available()
+
+
+def _weight(n, k, gen):
+    w = randn(n, k, gen=gen, scale=0.05) * torch.rand(n, 1, generator=gen) * 4
+    return formats.quantize_mxfp4(w)
+
+
+def _dtypes(device):
+    return [torch.bfloat16] if device.type == "cuda" else [torch.float32, torch.bfloat16]
+
+
+# ------------------------------------------------------------------------------ the PTX algorithm
+def test_decode_pair_bits_every_code_pair():
+    """``_DECODE_ASM``'s prmt / shift / mask steps (emulated bit by bit) turn codes 2i, 2i+1 of a word into
+    the bf16 patterns of ``code * 2**-126`` in the low and high halves, for all 256 code pairs at all 4
+    positions (the other codes of the word random)."""
+    gen = torch.Generator().manual_seed(0)
+    expected = (formats.E2M1_VALUES * 2.0**-126).to(torch.bfloat16).view(torch.int16).int() & 0xFFFF
+    for pair in range(4):
+        for byte in range(256):
+            word = int(torch.randint(0, 2**32, (), generator=gen, dtype=torch.int64)) & ~(0xFF << (8 * pair))
+            word |= byte << (8 * pair)
+            bits = small.decode_pair_bits(word, pair)
+            assert bits & 0xFFFF == expected[byte & 15], (pair, byte)
+            assert bits >> 16 == expected[byte >> 4], (pair, byte)
+
+
+@pytest.mark.parametrize("e", [34, 100, 127, 140, 160])
+def test_scale_multiplier_bits(e):
+    """The bf16x2 multiplier ``(e + 127 - SHIFT - 1) * 0x00800080`` is ``2**(e - 1 - SHIFT)`` in both halves,
+    so a decoded ``code * 2**-126`` times it is ``code * 2**(e - 127) * 2**-SHIFT``, a normal bf16 for every
+    nonzero code over the supported scale range 2**-93 .. 2**33 (e = 34 .. 160)."""
+    mult = (e + 127 - small._SHIFT - 1) * 0x00800080
+    half = torch.tensor([mult & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float().item()
+    assert mult >> 16 == mult & 0xFFFF and half == 2.0 ** (e - 1 - small._SHIFT)
+    products = (formats.E2M1_VALUES[1:8] * 2.0**-126 * half).to(torch.bfloat16).float()
+    assert torch.equal(products, formats.E2M1_VALUES[1:8] * 2.0 ** (e - 127 - small._SHIFT))
+    assert products.min() >= 2.0**-126 and products.max() < 2.0**127
+
+
+def test_chunk_groups_and_plan():
+    assert [small.chunk_groups(k) for k in (32, 64, 96, 128, 2880, 8192)] == [1, 2, 1, 4, 2, 4]
+    assert small.chunk_groups(8192, 64) == 2 and small.chunk_groups(2880, 256) == 2
+    p = small.plan(1, 8192, 8192, torch.device("cpu"), {"block_n": 128, "block_k": 256})
+    assert p["split"] * p["k_split"] >= 8192 and p["k_split"] % 256 == 0 and p["c"] == 4
+    assert small.plan(1, 64, 256, torch.device("cpu"), {"block_k": 64})["c"] == 2
+    with pytest.raises(ValueError, match="power of two"):
+        small.plan(1, 64, 256, torch.device("cpu"), {"block_k": 96})
+
+
+# --------------------------------------------------------------------------------- the kernel
+CASES = [  # (m, n, k, config override): C = 1 (K 96, 160), 2 (K 320, 2880-like 576), 4 (K 512, 1024)
+    (1, 64, 256, {}),
+    (1, 100, 96, {"mma": "wgmma", "block_n": 64}),
+    (3, 130, 320, {"split_k": 2, "block_k": 128}),
+    (3, 72, 576, {"mma": "wgmma", "block_n": 64, "block_k": 128, "split_k": 3}),
+    (16, 130, 512, {"split_k": 2, "reduce": "pass"}),
+    (16, 64, 1024, {"mma": "wgmma", "block_n": 64, "split_k": 4}),
+    (5, 40, 160, {"block_n": 64}),
+    (2, 96, 1024, {"block_n": 32, "num_warps": 1, "split_k": 4, "block_k": 128}),
+    (1, 64, 512, {"block_k": 64, "mma": "wgmma", "block_n": 64}),  # C = 2 from block_k although K allows 4
+]
+
+
+@pytest.mark.parametrize("m,n,k,config", CASES)
+def test_small_m_kernel(device, rng, m, n, k, config):
+    w, s = _weight(n, k, rng)
+    bias = randn(n, gen=rng) if m % 2 else None
+    for dtype in _dtypes(device):
+        x = randn(m, k, gen=rng, dtype=dtype)
+        ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
+        out = small.mxfp4_mm_small_m(x.to(device), w.to(device), s.to(device),
+                                     bias.to(device) if bias is not None else None, config)
+        assert out.shape == (m, n) and out.dtype == dtype
+        assert_close(out.cpu(), ref, dtype)
+
+
+@pytest.mark.parametrize("mma", ["sync", "wgmma"])
+@pytest.mark.parametrize("k", [64, 128])  # C = 2 and C = 4 orders
+def test_every_code_and_scale_at_every_k(device, rng, mma, k):
+    """All 16 codes at every position of a group and scales 2**-93 .. 2**33, read back one K position
+    at a time through identity activations: exact (one nonzero product per output)."""
+    n = 64
+    codes = torch.randint(0, 16, (n, k), generator=rng, dtype=torch.uint8)
+    codes[:16, :] = (torch.arange(k)[None, :] + torch.arange(16)[:, None]) % 16  # each code at each k
+    w = formats.pack_e2m1(codes)
+    s = torch.randint(34, 161, (n, k // 32), generator=rng, dtype=torch.uint8)
+    s[0, 0], s[1, -1] = 34, 160
+    dense = formats.dequantize_mxfp4(w, s)  # [n, k]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config = {"mma": mma, "block_n": 64, "block_k": 128, "split_k": 1}
+    for first in range(0, k, 16):
+        x = torch.eye(k, dtype=dtype)[first:first + 16]
+        out = small.mxfp4_mm_small_m(x.to(device), w.to(device), s.to(device), None, config)
+        want = dense[:, first:first + 16].t().to(dtype)
+        torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reduce", ["in_kernel", "pass"])
+def test_poisoned_output_and_workspace(device, rng, reduce):
+    """Every output element is written and no stale workspace value is read (both start as NaN)."""
+    m, n, k = 3, 100, 512
+    w, s = _weight(n, k, rng)
+    x = randn(m, k, gen=rng, dtype=_dtypes(device)[0])
+    bias = randn(n, gen=rng)
+    ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
+    config = {"split_k": 4, "block_k": 128, "block_n": 64, "reduce": reduce}
+    out = torch.full((m, n), float("nan"), dtype=x.dtype, device=device)
+    ws = torch.full((4, m, n), float("nan"), dtype=torch.float32, device=device)
+    small.mxfp4_mm_small_m(x.to(device), w.to(device), s.to(device), bias.to(device), config, out=out, workspace=ws)
+    assert_close(out.cpu(), ref, x.dtype)
+
+
+def test_in_kernel_reduction_resets_its_counters(device, rng):
+    """Two calls in a row (the second reuses the arrival counters) are both right, and the counters are
+    zero afterwards."""
+    m, n, k = 2, 130, 1024
+    w, s = (t.to(device) for t in _weight(n, k, rng))
+    config = {"split_k": 4, "block_k": 128, "block_n": 64, "reduce": "in_kernel"}
+    for _ in range(2):
+        x = randn(m, k, gen=rng, dtype=_dtypes(device)[0], device=device)
+        out = small.mxfp4_mm_small_m(x, w, s, None, config)
+        assert_close(out.cpu(), mxfp4_mm.call_backend("reference", x.cpu(), w.cpu(), s.cpu()), x.dtype)
+    used = w.device  # the kernel keys its counters by the tensors' device (with its index)
+    stream = torch.cuda.current_stream(used).cuda_stream if used.type == "cuda" else 0
+    assert int(small._LOCKS[(used.type, used.index, stream)].abs().sum()) == 0
+
+
+def test_sweep_configs_agree(device, rng):
+    """Every configuration the bench times computes the same product (a sample in the interpreter)."""
+    m, n, k = 2, 256, 512
+    w, s = _weight(n, k, rng)
+    x = randn(m, k, gen=rng, dtype=torch.bfloat16, device=device)
+    ref = mxfp4_mm.call_backend("reference", x.cpu(), w, s)
+    configs = small.SWEEP if device.type == "cuda" else small.SWEEP[::3]
+    for config in configs:
+        out = small.mxfp4_mm_small_m(x, w.to(device), s.to(device), None, config)
+        assert_close(out.cpu(), ref, torch.bfloat16)
+
+
+def test_dispatch_picks_small_m_up_to_16_tokens(device, rng):
+    """The op's Triton backend runs the small-M kernel up to 16 tokens and the warpgroup-MMA kernel above;
+    both match the reference."""
+    n, k = 64, 256
+    w, s = _weight(n, k, rng)
+    for m in (16, 17):
+        x = randn(m, k, gen=rng, dtype=torch.bfloat16)
+        out = mxfp4_mm.call_backend("triton", x.to(device), w.to(device), s.to(device))
+        assert_close(out.cpu(), mxfp4_mm.call_backend("reference", x, w, s), torch.bfloat16)
+    with pytest.raises(ValueError, match="at most 16"):
+        small.mxfp4_mm_small_m(torch.zeros(17, k), w, s)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("reduce", ["in_kernel", "pass"])
+def test_small_m_cuda_graph_capturable(rng, reduce):
+    x = randn(5, 1024, dtype=torch.bfloat16, device="cuda", gen=rng)
+    w, s = (t.cuda() for t in _weight(384, 1024, rng))
+    bias = randn(384, dtype=torch.bfloat16, device="cuda", gen=rng)
+    config = {"split_k": 4, "block_k": 128, "reduce": reduce}
+    assert_graph_capturable(lambda: small.mxfp4_mm_small_m(x, w, s, bias, config), x)
