@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -10,6 +11,10 @@ import torch
 # On a machine without a GPU the Triton kernels run through Triton's interpreter on CPU tensors.
 os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 MODEL_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# transformers binds flash-linear-attention's Triton kernels in place of its own torch Gated DeltaNet code when
+# fla imports (decided once, when its model module is imported); the reference models here run on the CPU and
+# must be transformers' torch code, so fla is made unimportable in the test process (benches run apart).
+sys.modules.setdefault("fla", None)
 
 from atom_core.tiny import make_tiny  # noqa: E402
 

@@ -6,7 +6,6 @@ passes them), padding slots, both state layouts and HV/H = 1 and 2.  In the inte
 the GPU-only test at the end uses the real head dims.
 """
 
-import importlib.util
 
 import pytest
 import torch
@@ -196,11 +195,12 @@ def test_prefill_then_decode_equals_recurrence(device, rng, layout):
     assert_close(pool, ref_pool, tol=FP32_TOL)
 
 
-# Kernel variants selectable by config (bench/gdn.py times them side by side): the default (the first version,
-# "split"), the fused intra-chunk kernel, its "solve" mode (A through memory + _wu_kernel), the product-form
-# diagonal inverse, and key/value slices narrower than the head dims (two slices of K=32 and V=32).
+# Kernel variants selectable by config (bench/gdn.py times them side by side): the shape class's default, the
+# fused intra-chunk kernel, its "solve" mode (A through memory + _wu_kernel), the first version ("split"), the
+# product-form diagonal inverse, and key/value slices narrower than the head dims (two slices of K=32 and V=32).
 PREFILL_VARIANTS = [
     ({}, (1, 2)),
+    ({"intra": "split"}, (1, 2)),
     ({"intra": "fused"}, (2, 2)),
     ({"intra": "solve"}, (2, 2)),
     ({"intra": "fused", "inverse": "double"}, (1, 2)),
@@ -254,9 +254,6 @@ def test_prefill_config_errors_name_the_knob(rng):
 # --------------------------------------------------------------------------------------------- the spec
 def test_reference_matches_transformers_chunked_form(rng):
     """The recurrence (our specification) equals transformers' independent chunked torch implementation."""
-    if torch.cuda.is_available() and importlib.util.find_spec("fla") is not None:
-        pytest.skip("transformers swaps in fla's Triton kernel for its torch chunked form when fla imports; "
-                    "this CPU comparison would hand it CPU tensors")
     modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
     H, HV, K, V, T = 2, 4, 16, 8, 45
     x = draw(rng, "cpu", T, H, HV, K, V)

@@ -220,9 +220,9 @@ PREFILL_QUICK = {  # the intra_* and inverse knobs only change the "fused"/"solv
 }
 
 
-# ATOM_GDN_BENCH_FOCUS=1: only the shipped default ("split") against "fused" and "solve" (the one decision a
+# ATOM_GDN_BENCH_FOCUS=1: only the shipped default against the other intra-chunk modes (the one decision a
 # short GPU run can afford); ATOM_GDN_BENCH_PARTS narrows the run to some of "decode", "prefill", "small" (default all).
-PREFILL_FOCUS = {"intra": ["fused", "solve"]}
+PREFILL_FOCUS = {"intra": ["fused", "solve", "split"]}
 FOCUS_ENV, PARTS_ENV = "ATOM_GDN_BENCH_FOCUS", "ATOM_GDN_BENCH_PARTS"
 PARTS = ("decode", "prefill", "small")
 

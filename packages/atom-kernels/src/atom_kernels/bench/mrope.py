@@ -173,6 +173,13 @@ def _peers() -> tuple[str, ...]:
     return tuple(f"hf-{name}" for name in ("eager", "compile") if name in chosen)
 
 
+def _compiled(fn):
+    """``torch.compile(fn)`` for one (case, T): dynamo's caches are cleared first, because every case's step
+    shares one code object and past its recompile limit dynamo would silently run the later cases eagerly."""
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
 def bench_case(case: Case, num_tokens: int, fused: bool, ctx: dict, device: str = "cuda") -> list[dict]:
     """Rows for one (case, T, fused?): every swept config, transformers eager and compiled, best, floor."""
     copy_bw = ctx["copy_bytes_per_s"]
@@ -229,7 +236,7 @@ def bench_case(case: Case, num_tokens: int, fused: bool, ctx: dict, device: str 
             cos, sin = rotary(q, pos_ids)
             return apply_rope(q, k, cos, sin)
 
-        impls = {"hf-eager": lambda: hf_step, "hf-compile": lambda: torch.compile(hf_step, dynamic=False)}
+        impls = {"hf-eager": lambda: hf_step, "hf-compile": lambda: _compiled(hf_step)}
         for name in _peers():
             fn = impls[name]()
             timed = measure(lambda fn=fn: fn(*inputs.next()))

@@ -48,15 +48,16 @@ INVERSES = ("subst", "double")
 #   inv_prec    tl.dot precision of the block merges when the inputs are bf16/fp16 (fp32: always ieee);
 #               see _inverse_precisions
 #   prep_warps / wu_warps: the "split" kernels (wu_warps also runs _wu_kernel for "solve")
-# intra stays "split" (the version measured on the H200) until a GPU sweep times "fused"/"solve" against it:
-# both are verified on the H200 for correctness (tests, 2026-11-30) but not yet timed
-# (``ATOM_GDN_BENCH_PARTS=prefill python -m atom_kernels.bench gdn --quick`` decides).
-_COMMON = dict(intra="split", intra_warps=1, intra_BK=32, inverse="subst", inv_prec="tf32", prep_warps=1, wu_warps=4,
+# intra from the H200 run of 2026-11-30 (``ATOM_GDN_BENCH_PARTS=prefill ATOM_GDN_BENCH_FOCUS=1 python -m
+# atom_kernels.bench gdn --quick``, eager): 1x8192 split 878 / fused 866 / solve 751 us; 8x4096 split 2737 /
+# fused 1917 / solve 2109 us (fla 0.6.0: 1636 / 2735 us).  "solve" wins where few (sequence, head) pairs leave
+# SMs idle (its separate w/u kernel adds parallelism), "fused" where there are many (A never goes to memory).
+_COMMON = dict(intra="fused", intra_warps=1, intra_BK=32, inverse="subst", inv_prec="tf32", prep_warps=1, wu_warps=4,
                state_warps=4, state_stages=2, out_BV=64, out_warps=4)
 # state/out knobs: the H200 sweep of 2026-11-30 (one knob at a time; those kernels are unchanged since) measured
 # state_BV 64 over 32 at 8x4096 (-157 us), state_stages 3 (-45 us) and out_BV 128 (-47 us) at 1x8192
 CONFIGS = {
-    "few": dict(_COMMON, state_BV=16, state_stages=3, out_BV=128),
+    "few": dict(_COMMON, intra="solve", state_BV=16, state_stages=3, out_BV=128),
     "many": dict(_COMMON, state_BV=64),
 }
 
