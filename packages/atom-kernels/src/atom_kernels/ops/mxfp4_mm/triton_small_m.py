@@ -66,8 +66,9 @@ _BLOCK_M = 16
 #   (a second kernel); scale_words: read the scales as one int32 per 128 elements where ``scales_as_words``
 #   allows (4-byte loads, which Triton's pipeliner turns into asynchronous copies when num_stages > 1; byte
 #   loads it leaves synchronous, a DRAM round trip per K step).
-# Default from the H200 sweep of 2026-11-30 (``bench mxfp4 --quick``): wgmma, 64 columns, one stage was best or within 1.4 us of best on every case (8192x8192 M=1: 25.6 us vs bf16 34.3; gpt-oss
-#   w13 M=1/16: 9.1/9.5 us vs 11.2/11.1); the previous default (sync, 128, 2 stages) measured 34.9 us.
+# Default from the H200 sweep of 2026-11-30 (``bench mxfp4 --quick``): wgmma, 64 columns, one stage was best
+# or within 1.4 us of best on every case (8192x8192 M=1: 25.6 us vs bf16 34.3; gpt-oss w13 M=1/16: 9.1/9.5 us
+# vs 11.2/11.1); the previous default (sync, 128, 2 stages) measured 34.9 us.
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
                      num_stages=1, scale_words=False)
 SWEEP: list[dict] = [
