@@ -13,6 +13,7 @@ import tempfile
 
 import triton
 
+from atom_kernels.ops.fp8_gemm import BLOCKWISE_CONFIGS as FP8_BLOCK_CONFIGS
 from atom_kernels.ops.fp8_gemm import CONFIGS as FP8_CONFIGS
 from atom_kernels.ops.fp8_gemm import _fp8_gemm_kernel
 from atom_kernels.ops.fused_moe.triton_quant import QUANT_CONFIGS, _moe_down_quant_kernel, _moe_up_quant_kernel
@@ -145,9 +146,9 @@ def cases():
     yield "quant_groups", lambda: compile_sm90(_quant_groups_kernel, QUANT_GROUPS_SIG, {"GROUP": 128, "GROUPS": 16},
                                                ["x_ptr", "q_ptr"])
     for shape_class in ("decode", "large"):
-        cfg = FP8_CONFIGS[shape_class]
-        split = 4 if cfg["split_k"] == "auto" else 1
         for blockwise in (False, True):
+            cfg = (FP8_BLOCK_CONFIGS if blockwise else FP8_CONFIGS)[shape_class]
+            split = 4 if cfg["split_k"] == "auto" else 1
             constexprs = dict(K=8192, K_SPLIT=8192 // split, BLOCKWISE=blockwise, A_SCALE_DIV=128 if cfg["swap"] else 1,
                               B_SCALE_DIV=1 if cfg["swap"] else 128, HAS_BIAS=True, BIAS_ON_P=cfg["swap"], SPLIT_K=split,
                               BLOCK_P=cfg["block_p"], BLOCK_Q=cfg["block_q"], BLOCK_K=128 if blockwise else cfg["block_k"],

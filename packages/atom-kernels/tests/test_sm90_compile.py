@@ -46,8 +46,9 @@ def test_quant_fp8_kernels_compile(compiled):
 
 @pytest.mark.parametrize("name", ["fp8_rowwise_decode", "fp8_block_decode", "fp8_rowwise_large", "fp8_block_large"])
 def test_fp8_gemm_compiles_to_fp8_wgmma(compiled, name):
-    sass = _ok(compiled, name)["sass"]
-    assert any(op.startswith("QGMMA") for op in sass), sorted(sass)  # FP8 warpgroup MMA
+    case = _ok(compiled, name)
+    assert any(op.startswith("QGMMA") for op in case["sass"]), sorted(case["sass"])  # FP8 warpgroup MMA
+    assert case["spill_bytes"] == 0, case  # block mode's two live fp32 tiles must fit in registers
 
 
 @pytest.mark.parametrize("name", ["mxfp4_decode", "mxfp4_large"])

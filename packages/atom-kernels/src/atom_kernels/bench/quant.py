@@ -132,11 +132,11 @@ def _gemm_rows(case: _Case, sweep: bool) -> list[dict]:
     rows.append(case.row("fp8-block", "atom +quant", _rotating(
         lambda b, bs: fp8_block_mm(*quant_fp8(x, 128), b, bs, (128, 128), None, bf16), copies),
         blk_bytes, m * k * 2, True))
-    if sweep:
-        for cfg in fp8_gemm.SWEEP:
-            rows.append(case.row("fp8-block", "atom-triton sweep", _rotating(
-                lambda b, bs, c=cfg: fp8_block_mm.call_backend("triton", xbq, xbs, b, bs, (128, 128), None, bf16, config=c),
-                copies), blk_bytes, blk_act, True, {"config": json.dumps(cfg)}))
+    block_sweep = fp8_gemm.SWEEP if sweep else fp8_gemm.BLOCKWISE_LARGE_SWEEP if m >= 1024 else []
+    for cfg in block_sweep:
+        rows.append(case.row("fp8-block", "atom-triton sweep", _rotating(
+            lambda b, bs, c=cfg: fp8_block_mm.call_backend("triton", xbq, xbs, b, bs, (128, 128), None, bf16, config=c),
+            copies), blk_bytes, blk_act, True, {"config": json.dumps(cfg)}))
     del copies
 
     # MXFP4 weight-only
