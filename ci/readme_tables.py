@@ -160,10 +160,9 @@ def h200_table(pins: dict) -> str:
                 ratio = f"{atom['us'] / floor:.2f}" if floor else "—"
                 out.append(f"| {label} GEMM | M={m}, N=K=8192 | {_us(atom['us'])} | {peers} | {_us(floor)} | {ratio} |")
     _, small = _latest_rows("mxfp4")
-    shipped = '{"mma": "wgmma", "block_n": 64, "num_stages": 1}'  # triton_small_m.DEFAULT's sweep row
     for shape, label in (("8192x8192", "N=K=8192"), ("moe-gpt-oss-w13", "gpt-oss w13 5760x2880")):
         for m in (1, 16):
-            atom = _pick(small, shape=shape, M=m, impl="small-m sweep", config=shipped)
+            atom = _pick(small, shape=shape, M=m, impl="atom-triton", config="default")  # the shipped default
             bf16 = _time(small, shape=shape, M=m, impl="bf16-cublas")
             if atom:
                 out.append(f"| MXFP4 small-M GEMM | M={m}, {label} | {_us(atom['us'])} | bf16 cuBLAS {_us(bf16)} | "
