@@ -63,14 +63,16 @@ _BLOCK_M = 16
 #        A operand from registers: warpgroup MMA when block_n % 64 == 0 and num_warps % 4 == 0);
 #   block_n: output columns per program; block_k: K per loop step; split_k: "auto" or a count; waves:
 #   programs per SM that "auto" aims for; reduce: "in_kernel" (arrival counters, one kernel) or "pass"
-#   (a second kernel); scale_words: read the scales as one int32 per 128 elements where ``scales_as_words``
-#   allows (4-byte loads, which Triton's pipeliner turns into asynchronous copies when num_stages > 1; byte
-#   loads it leaves synchronous, a DRAM round trip per K step).
+#   (a second kernel); substeps: K steps per loop iteration (1, 2 or 4), all loaded before the first is
+#   decoded (more bytes in flight per program for the registers of one decoded tile).
+# Triton's own pipelining (num_stages > 1) does not help: the scale bytes stay synchronous loads, and with the
+# scales read as int32 words (copied asynchronously too; tried 2026-11-30, ``bench/results/2026-11-30T1540-h200``)
+# the decoded tile needs a layout conversion (5.7 instructions per weight instead of 3.2): 35-39 us vs 25.
 # Default from the H200 sweep of 2026-11-30 (``bench mxfp4 --quick``): wgmma, 64 columns, one stage was best
 # or within 1.4 us of best on every case (8192x8192 M=1: 25.6 us vs bf16 34.3; gpt-oss w13 M=1/16: 9.1/9.5 us
 # vs 11.2/11.1); the previous default (sync, 128, 2 stages) measured 34.9 us.
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
-                     num_stages=1, scale_words=False)
+                     num_stages=1, substeps=1)
 SWEEP: list[dict] = [
     dict(),
     dict(num_stages=3),
@@ -81,11 +83,11 @@ SWEEP: list[dict] = [
     dict(waves=8),
     dict(split_k=1),
     dict(reduce="pass"),
-    dict(scale_words=True),
-    dict(scale_words=True, num_stages=2),
-    dict(scale_words=True, num_stages=3),
-    dict(scale_words=True, block_k=128, num_stages=4),
-    dict(mma="sync", block_n=128, scale_words=True, num_stages=3),
+    dict(substeps=2),  # sm_90 (Triton 3.6): 167 registers, 3 programs per SM, 16 KB in flight each
+    dict(substeps=4, block_k=128),  # 128 registers, 4 per SM, 16 KB each
+    dict(substeps=2, block_k=128),  # 93 registers, 5 per SM, 8 KB each
+    dict(substeps=4, block_k=128, waves=2),
+    dict(substeps=4, block_k=128, waves=8),
 ]
 
 # One word -> four bf16x2 registers (see the module docstring).  $4: the word; $5: the scale as bf16x2.
@@ -209,13 +211,43 @@ def activation_k(BLOCK_K: tl.constexpr, C: tl.constexpr, WGMMA: tl.constexpr):
 
 
 @triton.jit
+def _step_loads(w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, kn, blk, mask_m, k0, K: tl.constexpr, C: tl.constexpr,
+                EVEN_K: tl.constexpr):
+    """One K step's memory runs, their scales and the activations at ``k0``; blocks past ``K`` read nothing
+    (code 0, activation 0)."""
+    if EVEN_K:
+        words = tl.load(w_ptr + (w_off + k0 // 8))
+        e = tl.load(s_ptr + (s_off + k0 // 32))
+        x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None], other=0.0)
+    else:
+        blk_ok = (k0 // (32 * C) + blk) < K // (32 * C)
+        words = tl.load(w_ptr + (w_off + k0 // 8), mask=blk_ok[None, :, None], other=0)
+        e = tl.load(s_ptr + (s_off + k0 // 32), mask=blk_ok[None, :, None], other=0)
+        x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None] & ((k0 + kn) < K)[None, :], other=0.0)
+    return words, e, x
+
+
+@triton.jit
+def _step_mma(words, e, x, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, C: tl.constexpr, WGMMA: tl.constexpr,
+              EXACT: tl.constexpr, SHIFT: tl.constexpr):
+    """``acc`` plus one K step's product: the tile decoded in registers into the MMA."""
+    w_tile = logical_tile(words, e, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
+    x = x.to(tl.float32) if EXACT else x.to(tl.bfloat16)
+    if WGMMA:
+        acc = _dot(w_tile, tl.trans(x), acc, EXACT)
+    else:
+        acc = _dot(x, tl.trans(w_tile), acc, EXACT)
+    return acc
+
+
+@triton.jit
 def _mxfp4_small_m_kernel(
     w_ptr, s_ptr, x_ptr, out_ptr, ws_ptr, lock_ptr, bias_ptr,
     N, M, stride_xm, stride_om,
     K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, C: tl.constexpr, HAS_BIAS: tl.constexpr,
     REDUCE: tl.constexpr, WGMMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SHIFT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    SCALE_WORDS: tl.constexpr,
+    SUBSTEPS: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_K // (32 * C)  # blocks of 32*C elements per K step
     pid_n = tl.program_id(0)
@@ -228,10 +260,7 @@ def _mxfp4_small_m_kernel(
         offs_n = tl.where(mask_n, offs_n, 0)  # padding columns read column 0 (in bounds), never stored
     blk = tl.arange(0, NB)
     w_off = offs_n.to(tl.int64)[:, None, None] * (K // 8) + word_runs(NB, C)[None, :, :]
-    if SCALE_WORDS:  # C == 4: a block's four scales are one aligned int32 (4-byte loads the pipeliner can copy)
-        s_off = offs_n.to(tl.int64)[:, None] * (K // 128) + blk[None, :]
-    else:
-        s_off = offs_n.to(tl.int64)[:, None, None] * (K // 32) + run_scales(NB, C)[None, :, :]
+    s_off = offs_n.to(tl.int64)[:, None, None] * (K // 32) + run_scales(NB, C)[None, :, :]
     kn = activation_k(BLOCK_K, C, WGMMA)
     x_off = offs_m.to(tl.int64)[:, None] * stride_xm + kn[None, :]
     if WGMMA:
@@ -239,31 +268,25 @@ def _mxfp4_small_m_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
-    for step in range(0, K_SPLIT, BLOCK_K):
+    # SUBSTEPS K steps per iteration: all their loads are issued before the first decode, so a program keeps
+    # SUBSTEPS tiles in flight while holding one decoded tile at a time.
+    for step in range(0, K_SPLIT, BLOCK_K * SUBSTEPS):
         k0 = pid_k * K_SPLIT + step
-        if EVEN_K:
-            words = tl.load(w_ptr + (w_off + k0 // 8))
-            if SCALE_WORDS:
-                e = tl.load(s_ptr + (s_off + k0 // 128))
-            else:
-                e = tl.load(s_ptr + (s_off + k0 // 32))
-            x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None], other=0.0)
-        else:  # blocks past K read nothing (code 0, activation 0)
-            blk_ok = (k0 // (32 * C) + blk) < K // (32 * C)
-            words = tl.load(w_ptr + (w_off + k0 // 8), mask=blk_ok[None, :, None], other=0)
-            if SCALE_WORDS:
-                e = tl.load(s_ptr + (s_off + k0 // 128), mask=blk_ok[None, :], other=0)
-            else:
-                e = tl.load(s_ptr + (s_off + k0 // 32), mask=blk_ok[None, :, None], other=0)
-            x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None] & ((k0 + kn) < K)[None, :], other=0.0)
-        if SCALE_WORDS:  # byte t of block b's word is thread t's scale (group 4 b + t)
-            e = (e[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF
-        w_tile = logical_tile(words, e, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
-        x = x.to(tl.float32) if EXACT else x.to(tl.bfloat16)
-        if WGMMA:
-            acc = _dot(w_tile, tl.trans(x), acc, EXACT)
-        else:
-            acc = _dot(x, tl.trans(w_tile), acc, EXACT)
+        w0, e0, x0 = _step_loads(w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, kn, blk, mask_m, k0, K, C, EVEN_K)
+        if SUBSTEPS >= 2:
+            w1, e1, x1 = _step_loads(w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, kn, blk, mask_m, k0 + BLOCK_K, K, C,
+                                     EVEN_K)
+        if SUBSTEPS >= 4:
+            w2, e2, x2 = _step_loads(w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, kn, blk, mask_m, k0 + 2 * BLOCK_K, K,
+                                     C, EVEN_K)
+            w3, e3, x3 = _step_loads(w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, kn, blk, mask_m, k0 + 3 * BLOCK_K, K,
+                                     C, EVEN_K)
+        acc = _step_mma(w0, e0, x0, acc, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
+        if SUBSTEPS >= 2:
+            acc = _step_mma(w1, e1, x1, acc, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
+        if SUBSTEPS >= 4:
+            acc = _step_mma(w2, e2, x2, acc, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
+            acc = _step_mma(w3, e3, x3, acc, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
     if WGMMA:
         acc = tl.trans(acc)
     acc = acc * (2.0 ** SHIFT)
@@ -334,22 +357,19 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     block_k = cfg["block_k"]
     if block_k % MX_GROUP or block_k & (block_k - 1):
         raise ValueError(f"block_k must be a power of two >= {MX_GROUP}, got {block_k}")
+    if cfg["substeps"] not in (1, 2, 4):
+        raise ValueError(f"substeps must be 1, 2 or 4, got {cfg['substeps']}")
     c = chunk_groups(k, block_k)
     tiles = triton.cdiv(n, cfg["block_n"])
-    k_iters = triton.cdiv(k, block_k)
+    k_per_iter = block_k * cfg["substeps"]
+    k_iters = triton.cdiv(k, k_per_iter)
     split = cfg["split_k"]
     if split == "auto":
         split = pick_split(tiles, k_iters, device, cfg["waves"])
     split = max(1, min(int(split), k_iters))
-    k_split = triton.cdiv(k_iters, split) * block_k
+    k_split = triton.cdiv(k_iters, split) * k_per_iter
     split = triton.cdiv(k, k_split)
     return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split)
-
-
-def scales_as_words(c: int, w_scale: torch.Tensor) -> bool:
-    """Whether the kernel may read the e8m0 scales as int32 words (one per block of 128 elements): runs of four
-    scale groups (``C == 4``, so ``K % 128 == 0``), contiguous rows, and a 4-byte aligned start."""
-    return c == 4 and w_scale.is_contiguous() and w_scale.data_ptr() % 4 == 0
 
 
 def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -371,16 +391,15 @@ def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bi
     locks = _locks(x.device, p["tiles"]) if split > 1 and reduce_in_kernel else None
     if split > 1 and workspace is None:
         workspace = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    scale_words = p["scale_words"] and scales_as_words(p["c"], w_scale)
     _mxfp4_small_m_kernel[(p["tiles"], split)](
-        w.view(torch.int32), w_scale.view(torch.int32 if scale_words else torch.uint8), x, out, workspace if split > 1 else out,
+        w.view(torch.int32), w_scale.view(torch.uint8), x, out, workspace if split > 1 else out,
         locks if locks is not None else out, bias if bias is not None else out,
         n, m, x.stride(0), out.stride(0),
         K=k, K_SPLIT=p["k_split"], SPLIT_K=split, C=p["c"], HAS_BIAS=bias is not None,
         REDUCE=1 if reduce_in_kernel else 0, WGMMA=p["mma"] == "wgmma", BLOCK_N=p["block_n"], BLOCK_M=_BLOCK_M,
         BLOCK_K=p["block_k"],
         EXACT=triton_interpreting(), SHIFT=_SHIFT, EVEN_N=n % p["block_n"] == 0, EVEN_K=p["k_split"] * split == k,
-        SCALE_WORDS=scale_words,
+        SUBSTEPS=p["substeps"],
         num_warps=p["num_warps"], num_stages=p["num_stages"],
     )
     if split > 1 and not reduce_in_kernel:
