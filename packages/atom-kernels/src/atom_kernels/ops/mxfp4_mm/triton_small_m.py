@@ -64,7 +64,9 @@ _BLOCK_M = 16
 #   block_n: output columns per program; block_k: K per loop step; split_k: "auto" or a count; waves:
 #   programs per SM that "auto" aims for; reduce: "in_kernel" (arrival counters, one kernel) or "pass"
 #   (a second kernel); substeps: K steps per loop iteration (1, 2 or 4), all loaded before the first is
-#   decoded (more bytes in flight per program for the registers of one decoded tile).
+#   decoded (more bytes in flight per program for the registers of one decoded tile).  Measured on the H200
+#   (2026-11-30, ``bench/results/2026-11-30T1600-h200``): no variant beat one step (N=K=8192 M=1: 28.4 us
+#   with 4 x 128, 35.9 with 2 x 256, vs 25.4), so bytes in flight per program are not what limits it.
 # Triton's own pipelining (num_stages > 1) does not help: the scale bytes stay synchronous loads, and with the
 # scales read as int32 words (copied asynchronously too; tried 2026-11-30, ``bench/results/2026-11-30T1540-h200``)
 # the decoded tile needs a layout conversion (5.7 instructions per weight instead of 3.2): 35-39 us vs 25.
