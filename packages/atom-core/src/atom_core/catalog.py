@@ -9,6 +9,7 @@ their framework and the README's model table is generated from here.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,3 +203,29 @@ def resolve(hf_config: Any) -> ArchSpec:
     raise UnsupportedArchitectureError(
         f"architecture(s) {names or '(none listed in config.json)'} not supported by ATOM; supported: {', '.join(supported())}"
     )
+
+
+def unserved_reasons(spec: ArchSpec, extensions: Mapping[str, Any], host: str) -> list[str]:
+    """Why the ``host`` adapter cannot serve ``spec`` (empty when it can).  ``extensions``: the adapter's table
+    of capability -> extension, each with ``implemented`` and ``needs`` (what is missing, up to its first ':')."""
+    reasons = []
+    for capability in sorted(spec.capabilities):
+        ext = extensions.get(capability)
+        if ext is None:
+            reasons.append(f"capability {capability!r} is unknown to {host} (add it to "
+                           f"{host.replace('-', '_')}.capabilities)")
+        elif not ext.implemented:
+            reasons.append(f"capability {capability!r} needs {ext.needs.split(':')[0]}")
+    return reasons
+
+
+def host_plan(extensions: Mapping[str, Any], host: str) -> tuple[list[str], dict[str, str]]:
+    """(architectures the ``host`` adapter serves, {architecture: why not} for the rest), in catalog order."""
+    served, skipped = [], {}
+    for name, spec in ARCHITECTURES.items():
+        reasons = unserved_reasons(spec, extensions, host)
+        if reasons:
+            skipped[name] = "; ".join(reasons)
+        else:
+            served.append(name)
+    return served, skipped

@@ -59,14 +59,7 @@ EXTENSIONS: dict[str, Extension] = {
 
 def missing(spec: catalog.ArchSpec) -> list[str]:
     """Why atom-sglang cannot serve ``spec`` yet (empty when it can)."""
-    reasons = []
-    for capability in sorted(spec.capabilities):
-        ext = EXTENSIONS.get(capability)
-        if ext is None:
-            reasons.append(f"capability {capability!r} is unknown to atom-sglang (add it to atom_sglang.capabilities)")
-        elif not ext.implemented:
-            reasons.append(f"capability {capability!r} needs {ext.needs}")
-    return reasons
+    return catalog.unserved_reasons(spec, EXTENSIONS, "atom-sglang")
 
 
 def mixins(spec: catalog.ArchSpec) -> list[type]:
@@ -82,11 +75,4 @@ def mixins(spec: catalog.ArchSpec) -> list[type]:
 
 def plan() -> tuple[list[str], dict[str, str]]:
     """(architectures served, {architecture: why not} for the rest), in catalog order."""
-    served, skipped = [], {}
-    for name, spec in catalog.ARCHITECTURES.items():
-        reasons = missing(spec)
-        if reasons:
-            skipped[name] = "; ".join(reasons)
-        else:
-            served.append(name)
-    return served, skipped
+    return catalog.host_plan(EXTENSIONS, "atom-sglang")

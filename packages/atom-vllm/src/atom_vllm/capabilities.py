@@ -63,27 +63,13 @@ EXTENSIONS: dict[str, Extension] = {
 
 
 def missing(spec: catalog.ArchSpec) -> list[str]:
-    """Why the adapter cannot serve ``spec`` yet (empty when it can)."""
-    reasons = []
-    for capability in sorted(spec.capabilities):
-        ext = EXTENSIONS.get(capability)
-        if ext is None:
-            reasons.append(f"capability {capability!r} is unknown to atom-vllm")
-        elif not ext.implemented:
-            reasons.append(f"capability {capability!r} needs {ext.needs.split(':')[0]}")
-    return reasons
+    """Why atom-vllm cannot serve ``spec`` yet (empty when it can)."""
+    return catalog.unserved_reasons(spec, EXTENSIONS, "atom-vllm")
 
 
 def plan() -> tuple[list[str], dict[str, str]]:
     """(architectures served, {architecture: why not} for the rest), in catalog order."""
-    served, skipped = [], {}
-    for name, spec in catalog.ARCHITECTURES.items():
-        reasons = missing(spec)
-        if reasons:
-            skipped[name] = "; ".join(reasons)
-        else:
-            served.append(name)
-    return served, skipped
+    return catalog.host_plan(EXTENSIONS, "atom-vllm")
 
 
 def _load(target: str):

@@ -51,3 +51,23 @@ def gdn_gate(a, b, A_log, dt_bias):
     """``(g, beta)`` of the gated delta rule in fp32 from the raw projections."""
     g = -tl.exp(A_log) * softplus(a + dt_bias)
     return g, tl.sigmoid(b)
+
+
+@triton.jit
+def grouped_tile(pid, row_tiles, col_tiles, GROUP: tl.constexpr):
+    """(row tile, column tile) of program ``pid`` in grouped order: ``GROUP`` row tiles take each column tile
+    in turn, so the column tile's operand is reused from L2 while those rows pass."""
+    per_group = GROUP * col_tiles
+    first = (pid // per_group) * GROUP
+    rows_in_group = tl.minimum(row_tiles - first, GROUP)
+    return first + (pid % per_group) % rows_in_group, (pid % per_group) // rows_in_group
+
+
+@triton.jit
+def chunk_span(c, chunk_seq_ptr, chunk_start_ptr, cu_ptr, BT: tl.constexpr):
+    """Chunk ``c`` of packed sequences (see ``_varlen.chunk_map``): its sequence (negative for a spare program
+    past the last chunk, whose start and length mean nothing), first token and length (at most ``BT``)."""
+    seq = tl.load(chunk_seq_ptr + c)
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    length = tl.minimum(tl.load(cu_ptr + tl.maximum(seq, 0) + 1).to(tl.int64) - start, BT)
+    return seq, start, length

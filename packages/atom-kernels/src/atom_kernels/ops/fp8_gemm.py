@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.ops._triton_common import grouped_tile
 from atom_kernels.ops.gemm_common import pick_split_k, reduce_splits
 
 # Kernel configurations by the number of tokens (rows of the activation).  ``split_k`` "auto" picks
@@ -74,14 +75,7 @@ def _fp8_gemm_kernel(
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    tiles_p = tl.cdiv(P, BLOCK_P)
-    tiles_q = tl.cdiv(Q, BLOCK_Q)
-    # grouped order: GROUP tiles of P share each Q tile while it is in L2
-    per_group = GROUP * tiles_q
-    first_p = (pid // per_group) * GROUP
-    rows = tl.minimum(tiles_p - first_p, GROUP)
-    tile_p = first_p + (pid % per_group) % rows
-    tile_q = (pid % per_group) // rows
+    tile_p, tile_q = grouped_tile(pid, tl.cdiv(P, BLOCK_P), tl.cdiv(Q, BLOCK_Q), GROUP)
 
     offs_p = tile_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_q = tile_q * BLOCK_Q + tl.arange(0, BLOCK_Q)

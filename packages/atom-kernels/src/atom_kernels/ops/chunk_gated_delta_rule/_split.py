@@ -13,15 +13,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._triton_common import gdn_gate
+from atom_kernels.ops._triton_common import chunk_span, gdn_gate
 
 
 @triton.jit
-def _prep_block(a_ptr, b_ptr, k_ptr, g_ptr, beta_ptr, start, length, hv, hk, A_log, dt_bias, carry,
-                sa_t, sa_h, sb_t, sb_h, sk_t, sk_h, sg_h,
-                j: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-                DOT: tl.constexpr, L2NORM: tl.constexpr):
-    """Sub-block j (16 tokens) of a chunk: its cumulative log2-decay, β, raw k and k's inverse norms."""
+def _gate_block(a_ptr, b_ptr, g_ptr, start, length, hv, A_log, dt_bias, carry, sa_t, sa_h, sb_t, sb_h, sg_h,
+                j: tl.constexpr, BC: tl.constexpr):
+    """Sub-block j (16 tokens) of a chunk: β and the cumulative log2-decay G (stored for the later kernels),
+    the tokens and which of them are in the sequence."""
     rows = j * BC + tl.arange(0, BC)
     ok = rows < length
     tok = start + rows
@@ -32,6 +31,17 @@ def _prep_block(a_ptr, b_ptr, k_ptr, g_ptr, beta_ptr, start, length, hv, hk, A_l
     beta = tl.where(ok, beta, 0.0)
     G = (tl.cumsum(g, 0) + carry) * 1.4426950408889634
     tl.store(g_ptr + hv * sg_h + tok, G, mask=ok)
+    return G, beta, tok, ok, carry + tl.sum(g, 0)
+
+
+@triton.jit
+def _prep_block(a_ptr, b_ptr, k_ptr, g_ptr, beta_ptr, start, length, hv, hk, A_log, dt_bias, carry,
+                sa_t, sa_h, sb_t, sb_h, sk_t, sk_h, sg_h,
+                j: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+                DOT: tl.constexpr, L2NORM: tl.constexpr):
+    """Sub-block j (16 tokens) of a chunk: its cumulative log2-decay, β, raw k and k's inverse norms."""
+    G, beta, tok, ok, carry = _gate_block(a_ptr, b_ptr, g_ptr, start, length, hv, A_log, dt_bias, carry,
+                                          sa_t, sa_h, sb_t, sb_h, sg_h, j, BC)
     tl.store(beta_ptr + hv * sg_h + tok, beta, mask=ok)
     cols = tl.arange(0, BK)
     kb = tl.load(k_ptr + tok[:, None] * sk_t + hk * sk_h + cols[None, :], mask=ok[:, None] & (cols < K)[None, :], other=0.0)
@@ -40,7 +50,7 @@ def _prep_block(a_ptr, b_ptr, k_ptr, g_ptr, beta_ptr, start, length, hv, hk, A_l
         r = tl.rsqrt(tl.sum(kf * kf, 1) + 1e-6)
     else:
         r = tl.full([BC], 1.0, tl.float32)
-    return G, beta, kb.to(DOT), r, ok, carry + tl.sum(g, 0)
+    return G, beta, kb.to(DOT), r, ok, carry
 
 
 @triton.jit
@@ -78,11 +88,9 @@ def _prep_kernel(
     c = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // GROUPS
-    seq = tl.load(chunk_seq_ptr + c)
+    seq, start, length = chunk_span(c, chunk_seq_ptr, chunk_start_ptr, cu_ptr, BT)
     if seq < 0:
         return
-    start = tl.load(chunk_start_ptr + c).to(tl.int64)
-    length = tl.minimum(tl.load(cu_ptr + seq + 1).to(tl.int64) - start, BT)
     A_log = tl.load(A_log_ptr + hv).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
     carry = A_log * 0.0
@@ -143,11 +151,9 @@ def _wu_kernel(
     c = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // GROUPS
-    seq = tl.load(chunk_seq_ptr + c)
+    seq, start, length = chunk_span(c, chunk_seq_ptr, chunk_start_ptr, cu_ptr, BT)
     if seq < 0:
         return
-    start = tl.load(chunk_start_ptr + c).to(tl.int64)
-    length = tl.minimum(tl.load(cu_ptr + seq + 1).to(tl.int64) - start, BT)
     rows = tl.arange(0, BT)
     ok = rows < length
     tok = start + rows

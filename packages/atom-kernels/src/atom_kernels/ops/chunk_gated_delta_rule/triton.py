@@ -28,9 +28,9 @@ import triton.language as tl
 
 from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.gdn import K_MAJOR, check_gdn_shapes, default_scale, state_strides
-from atom_kernels.ops._triton_common import dot_dtype, dot_precision, gdn_gate, use_while
+from atom_kernels.ops._triton_common import chunk_span, dot_dtype, dot_precision, use_while
 from atom_kernels.ops._varlen import chunk_map
-from atom_kernels.ops.chunk_gated_delta_rule._split import _prep_kernel, _wu_kernel
+from atom_kernels.ops.chunk_gated_delta_rule._split import _gate_block, _prep_kernel, _wu_kernel
 
 BT = 64  # chunk
 BC = 16  # sub-block of the WY inverse
@@ -91,24 +91,6 @@ def unsupported(q, k, v, a, b, A_log, dt_bias, ssm_state, cu_seqlens, slots, has
 
 
 # --------------------------------------------------------------------------------------- kernel 1
-@triton.jit
-def _gate_block(a_ptr, b_ptr, g_ptr, start, length, hv, A_log, dt_bias, carry, sa_t, sa_h, sb_t, sb_h, sg_h,
-                j: tl.constexpr, BC: tl.constexpr):
-    """Sub-block j (16 tokens) of a chunk: β and the cumulative log2-decay G (stored for the later kernels),
-    the tokens and which of them are in the sequence."""
-    rows = j * BC + tl.arange(0, BC)
-    ok = rows < length
-    tok = start + rows
-    a = tl.load(a_ptr + tok * sa_t + hv * sa_h, mask=ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + tok * sb_t + hv * sb_h, mask=ok, other=0.0).to(tl.float32)
-    g, beta = gdn_gate(a, b, A_log, dt_bias)
-    g = tl.where(ok, g, 0.0)
-    beta = tl.where(ok, beta, 0.0)
-    G = (tl.cumsum(g, 0) + carry) * 1.4426950408889634
-    tl.store(g_ptr + hv * sg_h + tok, G, mask=ok)
-    return G, beta, tok, ok, carry + tl.sum(g, 0)
-
-
 @triton.jit
 def _tile(ptr, tok, ok, head_off, s_t, cols, N: tl.constexpr):
     """Rows ``tok`` (those ``ok``), columns ``cols`` (< N) of a [T, heads, N] tensor; zeros elsewhere."""
@@ -232,11 +214,9 @@ def _intra_kernel(
     c = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // GROUPS
-    seq = tl.load(chunk_seq_ptr + c)
+    seq, start, length = chunk_span(c, chunk_seq_ptr, chunk_start_ptr, cu_ptr, BT)
     if seq < 0:
         return
-    start = tl.load(chunk_start_ptr + c).to(tl.int64)
-    length = tl.minimum(tl.load(cu_ptr + seq + 1).to(tl.int64) - start, BT)
     A_log = tl.load(A_log_ptr + hv).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
     carry = A_log * 0.0
@@ -432,7 +412,7 @@ def _out_kernel(
     rows = tl.arange(0, BT)
     vc = tl.program_id(2) * BV + tl.arange(0, BV)
     vmask = vc < V
-    seq = tl.load(chunk_seq_ptr + c)
+    seq, start, length = chunk_span(c, chunk_seq_ptr, chunk_start_ptr, cu_ptr, BT)
     if seq < 0:
         # A spare program (past the last chunk) zeroes one 64-token tile of the tokens past cu_seqlens[-1];
         # the grid's ceil(T / 64) + N programs leave at least ceil((T - cu_seqlens[-1]) / 64) spares.
@@ -441,8 +421,6 @@ def _out_kernel(
         tl.store(o_ptr + tok[:, None] * so_t + hv * so_h + vc[None, :], tl.zeros([BT, BV], o_ptr.dtype.element_ty),
                  mask=(tok < num_tokens)[:, None] & vmask[None, :])
         return
-    start = tl.load(chunk_start_ptr + c).to(tl.int64)
-    length = tl.minimum(tl.load(cu_ptr + seq + 1).to(tl.int64) - start, BT)
     ok = rows < length
     tok = start + rows
     kc = tl.arange(0, BK)

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.dispatch import triton_interpreting
+from atom_kernels.ops._triton_common import grouped_tile
 from atom_kernels.ops.fused_moe.configs import MoeKernelConfig, config_for, fit_shared_memory
 from atom_kernels.ops.fused_moe.reference import check_args
 from atom_kernels.ops.moe_align.triton import moe_align_block_size
@@ -44,16 +45,6 @@ def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, qua
 
 
 @triton.jit
-def _grid_position(num_row_blocks, COL_TILES: tl.constexpr, GROUP_M: tl.constexpr):
-    """(row block, column tile) of this program; GROUP_M row blocks share a column tile in turn."""
-    pid = tl.program_id(0)
-    per_group = GROUP_M * COL_TILES
-    first = (pid // per_group) * GROUP_M
-    rows_in_group = tl.minimum(num_row_blocks - first, GROUP_M)
-    return first + (pid % per_group) % rows_in_group, (pid % per_group) // rows_in_group
-
-
-@triton.jit
 def _dot(a, b, acc, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, acc, input_precision="ieee")
@@ -68,7 +59,7 @@ def _moe_up_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    block, tile = _grid_position(num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
+    block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
     expert = tl.load(block_experts_ptr + block)
     if expert < 0:
         return
@@ -115,7 +106,7 @@ def _moe_down_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    block, tile = _grid_position(num_row_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
+    block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
     expert = tl.load(block_experts_ptr + block)
     if expert < 0:
         return

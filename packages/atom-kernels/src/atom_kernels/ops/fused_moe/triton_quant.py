@@ -23,8 +23,9 @@ import triton
 import triton.language as tl
 
 from atom_kernels.dispatch import triton_interpreting
+from atom_kernels.ops._triton_common import grouped_tile
 from atom_kernels.ops.fused_moe.configs import GemmTile, MoeKernelConfig, shape_class
-from atom_kernels.ops.fused_moe.triton import _grid_position, _moe_sum_kernel
+from atom_kernels.ops.fused_moe.triton import _moe_sum_kernel
 from atom_kernels.ops.moe_align.triton import moe_align_block_size
 from atom_kernels.ops.mxfp4_mm.triton_small_m import _SHIFT, activation_k, chunk_groups, logical_tile, run_scales, word_runs
 
@@ -132,7 +133,7 @@ def _moe_up_quant_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr,
 ):
-    block, tile = _grid_position(num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
+    block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
     expert = tl.load(block_experts_ptr + block).to(tl.int64)
     if expert < 0:
         return
@@ -175,7 +176,7 @@ def _moe_down_quant_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr,
 ):
-    block, tile = _grid_position(num_row_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
+    block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
     expert = tl.load(block_experts_ptr + block).to(tl.int64)
     if expert < 0:
         return

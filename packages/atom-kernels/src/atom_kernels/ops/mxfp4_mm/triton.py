@@ -34,6 +34,7 @@ import triton.language as tl
 
 from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.formats import MX_GROUP
+from atom_kernels.ops._triton_common import grouped_tile
 from atom_kernels.ops.gemm_common import pick_split_k, reduce_splits
 from atom_kernels.ops.mxfp4_mm.triton_small_m import SMALL_M_MAX, mxfp4_mm_small_m
 
@@ -141,13 +142,7 @@ def _mxfp4_mm_kernel(
     G: tl.constexpr = BLOCK_K // 32
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    per_group = GROUP * tiles_m
-    first_n = (pid // per_group) * GROUP
-    rows = tl.minimum(tiles_n - first_n, GROUP)
-    tile_n = first_n + (pid % per_group) % rows
-    tile_m = (pid % per_group) // rows
+    tile_n, tile_m = grouped_tile(pid, tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP)
 
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
