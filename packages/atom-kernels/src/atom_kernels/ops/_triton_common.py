@@ -71,3 +71,11 @@ def chunk_span(c, chunk_seq_ptr, chunk_start_ptr, cu_ptr, BT: tl.constexpr):
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     length = tl.minimum(tl.load(cu_ptr + tl.maximum(seq, 0) + 1).to(tl.int64) - start, BT)
     return seq, start, length
+
+
+@triton.jit
+def dot_acc(a, b, acc, IEEE: tl.constexpr):
+    """``acc + a @ b``; ``IEEE``: exact fp32 products (the interpreter's fp32 path) instead of the default."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.dispatch import triton_interpreting
-from atom_kernels.ops._triton_common import grouped_tile
+from atom_kernels.ops._triton_common import dot_acc, grouped_tile
 from atom_kernels.ops.fused_moe.configs import MoeKernelConfig, config_for, fit_shared_memory
 from atom_kernels.ops.fused_moe.reference import check_args
 from atom_kernels.ops.moe_align.triton import moe_align_block_size
@@ -42,13 +42,6 @@ def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, qua
     if config is not None and (config.block_m < 16 or config.block_m & (config.block_m - 1)):
         return f"block_m {config.block_m} must be a power of two >= 16"
     return None
-
-
-@triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -88,8 +81,8 @@ def _moe_up_kernel(
             wu = tl.load(up_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         if UPCAST:
             a, wg, wu = a.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
-        gate = _dot(a, wg, gate, IEEE)
-        up = _dot(a, wu, up, IEEE)
+        gate = dot_acc(a, wg, gate, IEEE)
+        up = dot_acc(a, wu, up, IEEE)
         a_ptrs += BLOCK_K
         gate_ptrs += BLOCK_K
         up_ptrs += BLOCK_K
@@ -129,7 +122,7 @@ def _moe_down_kernel(
             w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         if UPCAST:
             a, w = a.to(tl.float32), w.to(tl.float32)
-        acc = _dot(a, w, acc, IEEE)
+        acc = dot_acc(a, w, acc, IEEE)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     routing = tl.load(weights_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)

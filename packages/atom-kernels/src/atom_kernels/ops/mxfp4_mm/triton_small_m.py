@@ -52,6 +52,7 @@ import triton.language as tl
 
 from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.formats import MX_GROUP
+from atom_kernels.ops._triton_common import dot_acc
 from atom_kernels.ops.gemm_common import reduce_splits
 
 SMALL_M_MAX = 16  # tokens; one 16-row MMA tile
@@ -236,9 +237,9 @@ def _step_mma(words, e, x, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, C:
     w_tile = logical_tile(words, e, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
     x = x.to(tl.float32) if EXACT else x.to(tl.bfloat16)
     if WGMMA:
-        acc = _dot(w_tile, tl.trans(x), acc, EXACT)
+        acc = dot_acc(w_tile, tl.trans(x), acc, EXACT)
     else:
-        acc = _dot(x, tl.trans(w_tile), acc, EXACT)
+        acc = dot_acc(x, tl.trans(w_tile), acc, EXACT)
     return acc
 
 
@@ -313,13 +314,6 @@ def _mxfp4_small_m_kernel(
                     total += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
                 tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
                 tl.atomic_xchg(lock_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next call
-
-
-@triton.jit
-def _dot(a, b, acc, EXACT: tl.constexpr):
-    if EXACT:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
 
 
 @functools.cache
