@@ -117,7 +117,7 @@ SMALL_M_SIG = {
     "w_ptr": "*i32", "s_ptr": "*u8", "x_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "lock_ptr": "*i32",
     "bias_ptr": "*bf16", "N": "i32", "M": "i32", "stride_xm": "i32", "stride_om": "i32",
     **{name: "constexpr" for name in ("K", "K_SPLIT", "SPLIT_K", "C", "HAS_BIAS", "REDUCE", "WGMMA", "BLOCK_N", "BLOCK_M",
-                                       "BLOCK_K", "EXACT", "SHIFT", "EVEN_N", "EVEN_K", "SUBSTEPS")},
+                                       "BLOCK_K", "EXACT", "SHIFT", "EVEN_N", "EVEN_K")},
 }
 
 
@@ -132,7 +132,7 @@ def small_m_cases():
         constexprs = dict(K=k, K_SPLIT=p["k_split"], SPLIT_K=p["split"], C=p["c"], HAS_BIAS=True,
                           REDUCE=int(p["reduce"] == "in_kernel"), WGMMA=p["mma"] == "wgmma", BLOCK_N=p["block_n"],
                           BLOCK_M=16, BLOCK_K=p["block_k"], EXACT=False, SHIFT=32, EVEN_N=n % p["block_n"] == 0,
-                          EVEN_K=p["k_split"] * p["split"] == k, SUBSTEPS=p["substeps"])
+                          EVEN_K=p["k_split"] * p["split"] == k)
         divisible = ["w_ptr", "s_ptr", "x_ptr", "out_ptr", "ws_ptr", "stride_xm", "stride_om", "N"]
         yield name, (lambda c=constexprs, p=p, d=divisible: compile_sm90(_mxfp4_small_m_kernel, SMALL_M_SIG, c, d,
                                                                          p["num_warps"], p["num_stages"]))

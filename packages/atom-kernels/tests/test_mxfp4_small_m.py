@@ -59,10 +59,6 @@ def test_chunk_groups_and_plan():
     assert small.plan(1, 64, 256, torch.device("cpu"), {"block_k": 64})["c"] == 2
     with pytest.raises(ValueError, match="power of two"):
         small.plan(1, 64, 256, torch.device("cpu"), {"block_k": 96})
-    with pytest.raises(ValueError, match="substeps"):
-        small.plan(1, 64, 256, torch.device("cpu"), {"substeps": 3})
-    # split K counts iterations of substeps x block_k: 8192 / (2 x 256) = 16 iterations
-    assert small.plan(1, 8192, 8192, torch.device("cpu"), {"substeps": 2, "split_k": 4})["k_split"] == 2048
 
 
 # --------------------------------------------------------------------------------- the kernel
@@ -76,12 +72,6 @@ CASES = [  # (m, n, k, config override): C = 1 (K 96, 160), 2 (K 320, 2880-like 
     (5, 40, 160, {"block_n": 64}),
     (2, 96, 1024, {"block_n": 32, "num_warps": 1, "split_k": 4, "block_k": 128}),
     (1, 64, 512, {"block_k": 64, "mma": "wgmma", "block_n": 64}),  # C = 2 from block_k although K allows 4
-    # several K steps per iteration: a ragged K (640 = 2.5 steps of 256; 384 = 1.5 iterations of 2 x 128),
-    # steps wholly past K, split K, both MMA arrangements
-    (3, 100, 640, {"mma": "wgmma", "block_n": 64, "substeps": 2}),
-    (16, 130, 1024, {"substeps": 4, "block_k": 64, "split_k": 2}),
-    (1, 64, 384, {"mma": "wgmma", "block_n": 64, "block_k": 128, "substeps": 2}),
-    (2, 64, 160, {"mma": "wgmma", "block_n": 64, "block_k": 32, "substeps": 4, "split_k": 2}),
 ]
 
 
@@ -98,10 +88,9 @@ def test_small_m_kernel(device, rng, m, n, k, config):
         assert_close(out.cpu(), ref, dtype)
 
 
-@pytest.mark.parametrize("substeps", [1, 2])
 @pytest.mark.parametrize("mma", ["sync", "wgmma"])
 @pytest.mark.parametrize("k", [64, 128])  # C = 2 and C = 4 orders
-def test_every_code_and_scale_at_every_k(device, rng, mma, k, substeps):
+def test_every_code_and_scale_at_every_k(device, rng, mma, k):
     """All 16 codes at every position of a group and scales 2**-93 .. 2**33, read back one K position
     at a time through identity activations: exact (one nonzero product per output)."""
     n = 64
@@ -112,7 +101,7 @@ def test_every_code_and_scale_at_every_k(device, rng, mma, k, substeps):
     s[0, 0], s[1, -1] = 34, 160
     dense = formats.dequantize_mxfp4(w, s)  # [n, k]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = {"mma": mma, "block_n": 64, "block_k": 128 // substeps, "split_k": 1, "substeps": substeps}
+    config = {"mma": mma, "block_n": 64, "block_k": 128, "split_k": 1}
     for first in range(0, k, 16):
         x = torch.eye(k, dtype=dtype)[first:first + 16]
         out = small.mxfp4_mm_small_m(x.to(device), w.to(device), s.to(device), None, config)

@@ -132,7 +132,8 @@ def _gemm_rows(case: _Case, sweep: bool) -> list[dict]:
     rows.append(case.row("fp8-block", "atom +quant", _rotating(
         lambda b, bs: fp8_block_mm(*quant_fp8(x, 128), b, bs, (128, 128), None, bf16), copies),
         blk_bytes, m * k * 2, True))
-    block_sweep = fp8_gemm.SWEEP if sweep else fp8_gemm.BLOCKWISE_LARGE_SWEEP if m >= 1024 else []
+    large = fp8_gemm.shape_class(m) == "large"
+    block_sweep = fp8_gemm.SWEEP if sweep else fp8_gemm.BLOCKWISE_LARGE_SWEEP if large else []
     for cfg in block_sweep:
         rows.append(case.row("fp8-block", "atom-triton sweep", _rotating(
             lambda b, bs, c=cfg: fp8_block_mm.call_backend("triton", xbq, xbs, b, bs, (128, 128), None, bf16, config=c),

@@ -64,10 +64,10 @@ _BLOCK_M = 16
 #        A operand from registers: warpgroup MMA when block_n % 64 == 0 and num_warps % 4 == 0);
 #   block_n: output columns per program; block_k: K per loop step; split_k: "auto" or a count; waves:
 #   programs per SM that "auto" aims for; reduce: "in_kernel" (arrival counters, one kernel) or "pass"
-#   (a second kernel); substeps: K steps per loop iteration (1, 2 or 4), all loaded before the first is
-#   decoded (more bytes in flight per program for the registers of one decoded tile).  Measured on the H200
-#   (2026-11-30, ``bench/results/2026-11-30T1600-h200``): no variant beat one step (N=K=8192 M=1: 28.4 us
-#   with 4 x 128, 35.9 with 2 x 256, vs 25.4), so bytes in flight per program are not what limits it.
+#   (a second kernel).
+# Tried on the H200 and removed (2026-11-30): loading 2 or 4 K steps before the first decode (more bytes in
+# flight per program; ``bench/results/2026-11-30T1600-h200``): no variant beat one step (N=K=8192 M=1: 28.4 us
+# with 4 x 128, 35.9 with 2 x 256, vs 25.4), so bytes in flight per program are not what limits it.
 # Triton's own pipelining (num_stages > 1) does not help: the scale bytes stay synchronous loads, and with the
 # scales read as int32 words (copied asynchronously too; tried 2026-11-30, ``bench/results/2026-11-30T1540-h200``)
 # the decoded tile needs a layout conversion (5.7 instructions per weight instead of 3.2): 35-39 us vs 25.
@@ -75,7 +75,7 @@ _BLOCK_M = 16
 # or within 1.4 us of best on every case (8192x8192 M=1: 25.6 us vs bf16 34.3; gpt-oss w13 M=1/16: 9.1/9.5 us
 # vs 11.2/11.1); the previous default (sync, 128, 2 stages) measured 34.9 us.
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
-                     num_stages=1, substeps=1)
+                     num_stages=1)
 SWEEP: list[dict] = [
     dict(),
     dict(num_stages=3),
@@ -86,11 +86,6 @@ SWEEP: list[dict] = [
     dict(waves=8),
     dict(split_k=1),
     dict(reduce="pass"),
-    dict(substeps=2),  # sm_90 (Triton 3.6): 167 registers, 3 programs per SM, 16 KB in flight each
-    dict(substeps=4, block_k=128),  # 128 registers, 4 per SM, 16 KB each
-    dict(substeps=2, block_k=128),  # 93 registers, 5 per SM, 8 KB each
-    dict(substeps=4, block_k=128, waves=2),
-    dict(substeps=4, block_k=128, waves=8),
 ]
 
 # One word -> four bf16x2 registers (see the module docstring).  $4: the word; $5: the scale as bf16x2.
@@ -214,43 +209,12 @@ def activation_k(BLOCK_K: tl.constexpr, C: tl.constexpr, WGMMA: tl.constexpr):
 
 
 @triton.jit
-def _step_loads(w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, kn, blk, mask_m, k0, K: tl.constexpr, C: tl.constexpr,
-                EVEN_K: tl.constexpr):
-    """One K step's memory runs, their scales and the activations at ``k0``; blocks past ``K`` read nothing
-    (code 0, activation 0)."""
-    if EVEN_K:
-        words = tl.load(w_ptr + (w_off + k0 // 8))
-        e = tl.load(s_ptr + (s_off + k0 // 32))
-        x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None], other=0.0)
-    else:
-        blk_ok = (k0 // (32 * C) + blk) < K // (32 * C)
-        words = tl.load(w_ptr + (w_off + k0 // 8), mask=blk_ok[None, :, None], other=0)
-        e = tl.load(s_ptr + (s_off + k0 // 32), mask=blk_ok[None, :, None], other=0)
-        x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None] & ((k0 + kn) < K)[None, :], other=0.0)
-    return words, e, x
-
-
-@triton.jit
-def _step_mma(words, e, x, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, C: tl.constexpr, WGMMA: tl.constexpr,
-              EXACT: tl.constexpr, SHIFT: tl.constexpr):
-    """``acc`` plus one K step's product: the tile decoded in registers into the MMA."""
-    w_tile = logical_tile(words, e, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
-    x = x.to(tl.float32) if EXACT else x.to(tl.bfloat16)
-    if WGMMA:
-        acc = dot_acc(w_tile, tl.trans(x), acc, EXACT)
-    else:
-        acc = dot_acc(x, tl.trans(w_tile), acc, EXACT)
-    return acc
-
-
-@triton.jit
 def _mxfp4_small_m_kernel(
     w_ptr, s_ptr, x_ptr, out_ptr, ws_ptr, lock_ptr, bias_ptr,
     N, M, stride_xm, stride_om,
     K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, C: tl.constexpr, HAS_BIAS: tl.constexpr,
     REDUCE: tl.constexpr, WGMMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SHIFT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    SUBSTEPS: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_K // (32 * C)  # blocks of 32*C elements per K step
     pid_n = tl.program_id(0)
@@ -271,25 +235,23 @@ def _mxfp4_small_m_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
-    # SUBSTEPS K steps per iteration: all their loads are issued before the first decode, so a program keeps
-    # SUBSTEPS tiles in flight while holding one decoded tile at a time.
-    for step in range(0, K_SPLIT, BLOCK_K * SUBSTEPS):
+    for step in range(0, K_SPLIT, BLOCK_K):
         k0 = pid_k * K_SPLIT + step
-        w0, e0, x0 = _step_loads(w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, kn, blk, mask_m, k0, K, C, EVEN_K)
-        if SUBSTEPS >= 2:
-            w1, e1, x1 = _step_loads(w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, kn, blk, mask_m, k0 + BLOCK_K, K, C,
-                                     EVEN_K)
-        if SUBSTEPS >= 4:
-            w2, e2, x2 = _step_loads(w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, kn, blk, mask_m, k0 + 2 * BLOCK_K, K,
-                                     C, EVEN_K)
-            w3, e3, x3 = _step_loads(w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, kn, blk, mask_m, k0 + 3 * BLOCK_K, K,
-                                     C, EVEN_K)
-        acc = _step_mma(w0, e0, x0, acc, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
-        if SUBSTEPS >= 2:
-            acc = _step_mma(w1, e1, x1, acc, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
-        if SUBSTEPS >= 4:
-            acc = _step_mma(w2, e2, x2, acc, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
-            acc = _step_mma(w3, e3, x3, acc, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
+        if EVEN_K:
+            words = tl.load(w_ptr + (w_off + k0 // 8))
+            e = tl.load(s_ptr + (s_off + k0 // 32))
+            x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None], other=0.0)
+        else:  # blocks past K read nothing (code 0, activation 0)
+            blk_ok = (k0 // (32 * C) + blk) < K // (32 * C)
+            words = tl.load(w_ptr + (w_off + k0 // 8), mask=blk_ok[None, :, None], other=0)
+            e = tl.load(s_ptr + (s_off + k0 // 32), mask=blk_ok[None, :, None], other=0)
+            x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None] & ((k0 + kn) < K)[None, :], other=0.0)
+        w_tile = logical_tile(words, e, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
+        x = x.to(tl.float32) if EXACT else x.to(tl.bfloat16)
+        if WGMMA:
+            acc = dot_acc(w_tile, tl.trans(x), acc, EXACT)
+        else:
+            acc = dot_acc(x, tl.trans(w_tile), acc, EXACT)
     if WGMMA:
         acc = tl.trans(acc)
     acc = acc * (2.0 ** SHIFT)
@@ -353,17 +315,14 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     block_k = cfg["block_k"]
     if block_k % MX_GROUP or block_k & (block_k - 1):
         raise ValueError(f"block_k must be a power of two >= {MX_GROUP}, got {block_k}")
-    if cfg["substeps"] not in (1, 2, 4):
-        raise ValueError(f"substeps must be 1, 2 or 4, got {cfg['substeps']}")
     c = chunk_groups(k, block_k)
     tiles = triton.cdiv(n, cfg["block_n"])
-    k_per_iter = block_k * cfg["substeps"]
-    k_iters = triton.cdiv(k, k_per_iter)
+    k_iters = triton.cdiv(k, block_k)
     split = cfg["split_k"]
     if split == "auto":
         split = pick_split(tiles, k_iters, device, cfg["waves"])
     split = max(1, min(int(split), k_iters))
-    k_split = triton.cdiv(k_iters, split) * k_per_iter
+    k_split = triton.cdiv(k_iters, split) * block_k
     split = triton.cdiv(k, k_split)
     return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split)
 
@@ -395,7 +354,6 @@ def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bi
         REDUCE=1 if reduce_in_kernel else 0, WGMMA=p["mma"] == "wgmma", BLOCK_N=p["block_n"], BLOCK_M=_BLOCK_M,
         BLOCK_K=p["block_k"],
         EXACT=triton_interpreting(), SHIFT=_SHIFT, EVEN_N=n % p["block_n"] == 0, EVEN_K=p["k_split"] * split == k,
-        SUBSTEPS=p["substeps"],
         num_warps=p["num_warps"], num_stages=p["num_stages"],
     )
     if split > 1 and not reduce_in_kernel:
