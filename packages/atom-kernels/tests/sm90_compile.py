@@ -1,7 +1,7 @@
 """Compile ATOM's quantization kernels for sm_90 without a GPU and report what the compiler produced
 (run as a script, with TRITON_INTERPRET unset, by test_sm90_compile.py).  Prints one JSON object:
-case -> {"shared": bytes, "ptx_div_rn": bool, "sass": {opcode: count}, "registers": n, "spill_bytes": local +
-stack bytes per thread}."""
+case -> {"shared": bytes, "ptx_div_rn": bool, "sass": {opcode: count}, "loop_sass": {opcode: count inside
+loops}, "registers": n, "spill_bytes": local + stack bytes per thread}."""
 
 import collections
 import json
@@ -43,9 +43,17 @@ def report(compiled) -> dict:
         text = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin.name], capture_output=True, text=True).stdout
         usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin.name], capture_output=True,
                                text=True).stdout
-    ops = collections.Counter(m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text))
+    listing = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in
+               re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^\n]*)", text)]
+    ops = collections.Counter(op for _, op, _ in listing)
+    loop_ops = collections.Counter()  # inside any loop: from a backward branch's target up to the branch
+    for addr, op, rest in listing:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr:
+            loop_ops.update(o for a, o, _ in listing if int(target.group(1), 16) <= a <= addr)
     res = {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", usage)}
     return {"shared": compiled.metadata.shared, "ptx_div_rn": "div.rn.f32" in compiled.asm["ptx"], "sass": dict(ops),
+            "loop_sass": dict(loop_ops),
             "registers": res.get("REG"), "spill_bytes": res.get("STACK", 0) + res.get("LOCAL", 0)}
 
 
@@ -116,8 +124,8 @@ def moe_cases():
 SMALL_M_SIG = {
     "w_ptr": "*i32", "s_ptr": "*u8", "x_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "lock_ptr": "*i32",
     "bias_ptr": "*bf16", "N": "i32", "M": "i32", "stride_xm": "i32", "stride_om": "i32",
-    **{name: "constexpr" for name in ("K", "K_SPLIT", "SPLIT_K", "C", "HAS_BIAS", "REDUCE", "WGMMA", "BLOCK_N", "BLOCK_M",
-                                       "BLOCK_K", "EXACT", "SHIFT", "EVEN_N", "EVEN_K")},
+    **{name: "constexpr" for name in ("K", "K_SPLIT", "SPLIT_K", "C", "HAS_BIAS", "REDUCE", "WGMMA", "MMA_ROWS", "BLOCK_N",
+                                       "BLOCK_M", "BLOCK_K", "EXACT", "SHIFT", "EVEN_N", "EVEN_K")},
 }
 
 
@@ -130,7 +138,8 @@ def small_m_cases():
                                ("small_m_sync", (8192, 8192), {"mma": "sync", "block_n": 128, "num_stages": 2})):
         p = plan(1, n, k, torch.device("cpu"), dict(SMALL_M_DEFAULT, split_k=4, **over))
         constexprs = dict(K=k, K_SPLIT=p["k_split"], SPLIT_K=p["split"], C=p["c"], HAS_BIAS=True,
-                          REDUCE=int(p["reduce"] == "in_kernel"), WGMMA=p["mma"] == "wgmma", BLOCK_N=p["block_n"],
+                          REDUCE=int(p["reduce"] == "in_kernel"), WGMMA=p["mma"] == "wgmma", MMA_ROWS=p["mma_rows"],
+                          BLOCK_N=p["block_n"],
                           BLOCK_M=16, BLOCK_K=p["block_k"], EXACT=False, SHIFT=32, EVEN_N=n % p["block_n"] == 0,
                           EVEN_K=p["k_split"] * p["split"] == k)
         divisible = ["w_ptr", "s_ptr", "x_ptr", "out_ptr", "ws_ptr", "stride_xm", "stride_om", "N"]

@@ -13,7 +13,9 @@ arrangements (``mma`` in the config):
   registers) and the tokens the B operand from shared memory; the register layout (``kWidth = 2``) gives
   each thread K pairs ``2t, 2t+1`` of every 8, so a word's four code pairs sit 8 apart in K.
 
-Either way the decoded values never take a shared-memory round trip (checked on the sm_90 SASS).
+Either way the decoded values never take a shared-memory round trip, and in ``"wgmma"`` the raw words and
+scale bytes do not either: they are loaded in the operand's row order (``mma_rows``), so the only shared
+memory in the loop is the activation tile (checked on the sm_90 SASS by ``tests/test_sm90_compile.py``).
 
 K order: the kernel computes ``x_perm @ w_perm.T`` with the same permutation of K inside every block of
 ``32 * C`` elements on both sides (``C`` = 4, 2 or 1 scale groups, the largest that divides ``K / 32``),
@@ -71,18 +73,28 @@ _BLOCK_M = 16
 # Triton's own pipelining (num_stages > 1) does not help: the scale bytes stay synchronous loads, and with the
 # scales read as int32 words (copied asynchronously too; tried 2026-11-30, ``bench/results/2026-11-30T1540-h200``)
 # the decoded tile needs a layout conversion (5.7 instructions per weight instead of 3.2): 35-39 us vs 25.
-# Default from the H200 sweep of 2026-11-30 (``bench mxfp4 --quick``): wgmma, 64 columns, one stage was best
-# or within 1.4 us of best on every case (8192x8192 M=1: 25.6 us vs bf16 34.3; gpt-oss w13 M=1/16: 9.1/9.5 us
-# vs 11.2/11.1); the previous default (sync, 128, 2 stages) measured 34.9 us.
+# Nsight Compute on the H200 (2026-11-30, ``bench/results/2026-11-30T1900-h200``) then showed the L1/shared pipe
+# 78% busy at 24% of DRAM bandwidth: the raw words went through shared memory (see ``mma_rows``).  Loaded in the
+# operand's layout: 25.1 -> 18.3 us (M=1), 28.4 -> 20.3 us (M=16).  Tried on that kernel and removed (same
+# folder): an L2 bulk prefetch of the next 1-8 K steps (cp.async.bulk.prefetch; per-row addresses become a
+# serial loop over uniform registers: 24-34 us); a per-row line prefetch (prefetch.global.L1/L2) 1-2 steps
+# ahead: 20.6-21.4 us; the next step's words and scales loaded before decoding this one (151 registers:
+# 16.9 us at M=1 but 27.1 at M=16); activations in natural K order permuted in registers (161 registers:
+# 21 us); 128-wide K steps at 6-8 programs per SM (72 registers: 19-23 us).  What limits it now (sampled
+# stalls of the default, same folder): 39% waiting on the global loads of the current step, 15% at the
+# barrier before the MMA (the activation tile in shared memory), 14% issuing; 402 instructions per 128
+# weights per thread, 272 of them the decode.
+# Default: wgmma, 64 columns, 256-wide K steps, one stage, ~4 programs per SM (best on both 8192 cases).
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
                      num_stages=1)
 SWEEP: list[dict] = [
     dict(),
     dict(num_stages=3),
-    dict(block_n=128, block_k=128, num_stages=3),
+    dict(block_n=128),
+    dict(block_k=128, waves=6),
+    dict(block_k=512),
     dict(mma="sync", block_n=128, num_stages=1),
-    dict(mma="sync", block_n=128, num_stages=2),
-    dict(mma="sync", block_n=256, block_k=128, num_warps=8, num_stages=3),
+    dict(waves=3),
     dict(waves=8),
     dict(split_k=1),
     dict(reduce="pass"),
@@ -209,11 +221,42 @@ def activation_k(BLOCK_K: tl.constexpr, C: tl.constexpr, WGMMA: tl.constexpr):
 
 
 @triton.jit
+def mma_rows(BLOCK_N: tl.constexpr):
+    """Tile row indices shaped ``[8, 4, 2, 1, BLOCK_N / 64]``, row = l + 16 w + 8 r + 64 a: the order in which
+    the warpgroup MMA's register operand (4 warps) holds the rows -- lane // 4, warp, register, (a slot for
+    the K blocks), repetition.
+
+    Why: Triton's coalescing pass lays a load out by the address pattern alone (threads over the contiguous
+    dimension first, then over the others in order), and a load is never re-laid out afterwards.  Loaded as
+    ``[BLOCK_N, NB, 4C]`` the words came with rows 8..15 on another warp than the operand wants, and Triton
+    moved every word through shared memory (4 barriers per K step; the scale bytes too).  Shaped like this,
+    the words (``[8, 4, 2, NB, BLOCK_N / 64, 4C]``, 16-byte runs contiguous) and the scales
+    (``[4, 8, 4, 2, NB, BLOCK_N / 64]``, no contiguous dimension) get the operand's own layout."""
+    l = tl.arange(0, 8)[:, None, None, None, None]
+    w = tl.arange(0, 4)[None, :, None, None, None] * 16
+    r = tl.arange(0, 2)[None, None, :, None, None] * 8
+    a = tl.arange(0, BLOCK_N // 64)[None, None, None, None, :] * 64
+    return l + w + r + a
+
+
+@triton.jit
+def from_mma_rows(words, BLOCK_N: tl.constexpr, NB: tl.constexpr, X: tl.constexpr):
+    """Words loaded as ``[8, 4, 2, NB, BLOCK_N / 64, X]`` (rows as ``mma_rows``) -> ``[BLOCK_N, NB, X]``."""
+    return tl.reshape(tl.permute(words, (4, 1, 2, 0, 3, 5)), (BLOCK_N, NB, X))
+
+
+@triton.jit
+def from_mma_rows_t(scales, BLOCK_N: tl.constexpr, NB: tl.constexpr, X: tl.constexpr):
+    """Scales loaded as ``[X, 8, 4, 2, NB, BLOCK_N / 64]`` -> ``[BLOCK_N, NB, X]``."""
+    return tl.reshape(tl.permute(scales, (5, 2, 3, 1, 4, 0)), (BLOCK_N, NB, X))
+
+
+@triton.jit
 def _mxfp4_small_m_kernel(
     w_ptr, s_ptr, x_ptr, out_ptr, ws_ptr, lock_ptr, bias_ptr,
     N, M, stride_xm, stride_om,
     K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, C: tl.constexpr, HAS_BIAS: tl.constexpr,
-    REDUCE: tl.constexpr, WGMMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    REDUCE: tl.constexpr, WGMMA: tl.constexpr, MMA_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SHIFT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_K // (32 * C)  # blocks of 32*C elements per K step
@@ -223,11 +266,18 @@ def _mxfp4_small_m_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
-    if not EVEN_N:
-        offs_n = tl.where(mask_n, offs_n, 0)  # padding columns read column 0 (in bounds), never stored
     blk = tl.arange(0, NB)
-    w_off = offs_n.to(tl.int64)[:, None, None] * (K // 8) + word_runs(NB, C)[None, :, :]
-    s_off = offs_n.to(tl.int64)[:, None, None] * (K // 32) + run_scales(NB, C)[None, :, :]
+    if MMA_ROWS:  # loads shaped as the MMA operand holds the rows (mma_rows): no layout conversion after them
+        rows = pid_n * BLOCK_N + mma_rows(BLOCK_N)  # [8, 4, 2, 1, BLOCK_N / 64]
+        if not EVEN_N:
+            rows = tl.where(rows < N, rows, 0)  # padding columns read column 0 (in bounds), never stored
+        w_off = rows.to(tl.int64)[:, :, :, :, :, None] * (K // 8) + word_runs(NB, C)[None, None, None, :, None, :]
+        w_off = tl.max_contiguous(w_off, [1, 1, 1, 1, 1, C])  # one thread's run: C words (not the 4C of a block)
+        s_off = rows.to(tl.int64)[None, :, :, :, :, :] * (K // 32) + tl.trans(run_scales(NB, C))[:, None, None, None, :, None]
+    else:
+        rows = tl.where(mask_n, offs_n, 0) if not EVEN_N else offs_n
+        w_off = rows.to(tl.int64)[:, None, None] * (K // 8) + word_runs(NB, C)[None, :, :]
+        s_off = rows.to(tl.int64)[:, None, None] * (K // 32) + run_scales(NB, C)[None, :, :]
     kn = activation_k(BLOCK_K, C, WGMMA)
     x_off = offs_m.to(tl.int64)[:, None] * stride_xm + kn[None, :]
     if WGMMA:
@@ -243,9 +293,18 @@ def _mxfp4_small_m_kernel(
             x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None], other=0.0)
         else:  # blocks past K read nothing (code 0, activation 0)
             blk_ok = (k0 // (32 * C) + blk) < K // (32 * C)
-            words = tl.load(w_ptr + (w_off + k0 // 8), mask=blk_ok[None, :, None], other=0)
-            e = tl.load(s_ptr + (s_off + k0 // 32), mask=blk_ok[None, :, None], other=0)
+            if MMA_ROWS:
+                w_ok = blk_ok[None, None, None, :, None, None]
+                s_ok = blk_ok[None, None, None, None, :, None]
+            else:
+                w_ok = blk_ok[None, :, None]
+                s_ok = blk_ok[None, :, None]
+            words = tl.load(w_ptr + (w_off + k0 // 8), mask=w_ok, other=0)
+            e = tl.load(s_ptr + (s_off + k0 // 32), mask=s_ok, other=0)
             x = tl.load(x_ptr + (x_off + k0), mask=mask_m[:, None] & ((k0 + kn) < K)[None, :], other=0.0)
+        if MMA_ROWS:
+            words = from_mma_rows(words, BLOCK_N, NB, 4 * C)
+            e = from_mma_rows_t(e, BLOCK_N, NB, 4)
         w_tile = logical_tile(words, e, BLOCK_N, BLOCK_K, C, WGMMA, EXACT, SHIFT)
         x = x.to(tl.float32) if EXACT else x.to(tl.bfloat16)
         if WGMMA:
@@ -284,12 +343,9 @@ def _num_sms(device_index: int) -> int:
 
 
 def pick_split(tiles: int, k_iters: int, device: torch.device, waves: int) -> int:
-    """The largest power of two that keeps about ``waves`` programs per SM, each with >= 2 K steps."""
+    """About ``waves`` programs per SM (any count, not only powers of two), each with >= 2 K steps."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
-    split = 1
-    while tiles * split * 2 <= waves * sms and k_iters // (split * 2) >= 2:
-        split *= 2
-    return split
+    return max(1, min(waves * sms // max(tiles, 1), k_iters // 2))
 
 
 _LOCKS: dict[tuple, torch.Tensor] = {}
@@ -309,6 +365,12 @@ def _locks(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+def loads_in_mma_rows(cfg: dict) -> bool:
+    """Whether the weight loads can take the warpgroup MMA operand's row order (``mma_rows``): one warpgroup
+    (4 warps) over whole 64-row MMA tiles."""
+    return cfg["mma"] == "wgmma" and cfg["block_n"] % 64 == 0 and cfg["num_warps"] == 4
+
+
 def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = None) -> dict:
     """Launch parameters of one call (a dict the bench records)."""
     cfg = dict(DEFAULT, **(config or {}))
@@ -324,7 +386,7 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     split = max(1, min(int(split), k_iters))
     k_split = triton.cdiv(k_iters, split) * block_k
     split = triton.cdiv(k, k_split)
-    return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split)
+    return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg))
 
 
 def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -351,7 +413,8 @@ def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bi
         locks if locks is not None else out, bias if bias is not None else out,
         n, m, x.stride(0), out.stride(0),
         K=k, K_SPLIT=p["k_split"], SPLIT_K=split, C=p["c"], HAS_BIAS=bias is not None,
-        REDUCE=1 if reduce_in_kernel else 0, WGMMA=p["mma"] == "wgmma", BLOCK_N=p["block_n"], BLOCK_M=_BLOCK_M,
+        REDUCE=1 if reduce_in_kernel else 0, WGMMA=p["mma"] == "wgmma", MMA_ROWS=p["mma_rows"], BLOCK_N=p["block_n"],
+        BLOCK_M=_BLOCK_M,
         BLOCK_K=p["block_k"],
         EXACT=triton_interpreting(), SHIFT=_SHIFT, EVEN_N=n % p["block_n"] == 0, EVEN_K=p["k_split"] * split == k,
         num_warps=p["num_warps"], num_stages=p["num_stages"],
