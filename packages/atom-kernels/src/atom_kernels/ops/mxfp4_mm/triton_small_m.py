@@ -80,10 +80,13 @@ _BLOCK_M = 16
 # serial loop over uniform registers: 24-34 us); a per-row line prefetch (prefetch.global.L1/L2) 1-2 steps
 # ahead: 20.6-21.4 us; the next step's words and scales loaded before decoding this one (151 registers:
 # 16.9 us at M=1 but 27.1 at M=16); activations in natural K order permuted in registers (161 registers:
-# 21 us); 128-wide K steps at 6-8 programs per SM (72 registers: 19-23 us).  What limits it now (sampled
-# stalls of the default, same folder): 39% waiting on the global loads of the current step, 15% at the
-# barrier before the MMA (the activation tile in shared memory), 14% issuing; 402 instructions per 128
-# weights per thread, 272 of them the decode.
+# 21 us); 128-wide K steps at 6-8 programs per SM (72 registers: 19-23 us); load-ahead capped at 128 registers
+# (24 bytes spilled): 16.9 / 20.7 us, not adopted for 7% at M=1 only; a weight repacked so that every program's
+# K step is one contiguous 8 KB tile: 17.1 / 19.3 us (6%, not worth a kernel-specific checkpoint layout yet).
+# What limits it now (sampled stalls of the default, same folder): 39% waiting on the global loads of the
+# current step, 15% at the barrier before the MMA (the activation tile in shared memory), 14% issuing; 402
+# instructions per 128 weights per thread, 272 of them the decode.  The marginal rate (K = 8192 -> 14336)
+# is 2.2 TB/s: the steady state is slow, not the launch.
 # Default: wgmma, 64 columns, 256-wide K steps, one stage, ~4 programs per SM (best on both 8192 cases).
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
                      num_stages=1)
