@@ -72,6 +72,7 @@ CASES = [  # (m, n, k, config override): C = 1 (K 96, 160), 2 (K 320, 2880-like 
     (5, 40, 160, {"block_n": 64}),
     (2, 96, 1024, {"block_n": 32, "num_warps": 1, "split_k": 4, "block_k": 128}),
     (1, 64, 512, {"block_k": 64, "mma": "wgmma", "block_n": 64}),  # C = 2 from block_k although K allows 4
+    (2, 200, 384, {"block_n": 128, "block_k": 128}),  # two 64-row repeats in mma_rows, ragged N
 ]
 
 
