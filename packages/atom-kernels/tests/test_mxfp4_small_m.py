@@ -173,3 +173,84 @@ def test_small_m_cuda_graph_capturable(rng, reduce):
     bias = randn(384, dtype=torch.bfloat16, device="cuda", gen=rng)
     config = {"split_k": 4, "block_k": 128, "reduce": reduce}
     assert_graph_capturable(lambda: small.mxfp4_mm_small_m(x, w, s, bias, config), x)
+
+
+# ------------------------------------------------------------- the asynchronous-copy (Gluon) variant
+SM90 = CUDA and torch.cuda.get_device_capability()[0] == 9
+RING_CASES = [  # (m, n, k, config): bias for odd m; ragged N; 1, 2, 4 splits; 8- and 16-wide MMA; 2-4 stages
+    (1, 64, 512, {"split_k": 1}),
+    (5, 200, 1024, {"split_k": 2}),
+    (16, 130, 2048, {"split_k": 4, "stages": 3}),
+    (8, 192, 4096, {"block_n": 128, "block_k": 512, "stages": 2, "split_k": 2}),
+    (3, 96, 1536, {"narrow_m": False, "stages": 2, "split_k": 3}),
+    (16, 8192, 8192, {}),
+]
+
+
+def test_ring_applies_only_where_its_kernel_can_run():
+    """The Gluon kernel's precondition (a pure function): asked for, sm_90, whole K steps (>= 2) per split,
+    K % 128, 256-multiple steps, the in-kernel reduction, 4-byte-copyable activations; anything else falls
+    back to the register-load kernel."""
+    cpu = torch.device("cpu")
+
+    def applies(k=8192, config=None, stride=8192, address=0, capability=(9, 0)):
+        p = small.plan(4, 256, k, cpu, dict({"loads": "ring"}, **(config or {})))
+        return small.ring_applies(p, k, stride, address, capability)
+
+    assert applies()
+    assert not applies(config={"loads": "registers"})
+    assert not applies(capability=None) and not applies(capability=(8, 0)) and not applies(capability=(10, 0))
+    assert not applies(k=2880) and not applies(k=8192 + 64)  # K % 128
+    assert not applies(config={"block_k": 128})
+    assert not applies(config={"reduce": "pass"})
+    assert not applies(config={"mma": "sync"}) and not applies(config={"num_warps": 8})
+    assert not applies(k=512, config={"split_k": 1, "block_k": 512})  # one K step
+    assert not applies(stride=8191) and not applies(address=2)
+    for k in (1536, 2304, 8192, 14336):  # the ring plan always splits K into whole steps
+        p = small.plan(1, 8192, k, cpu, {"loads": "ring", "split_k": "auto"})
+        assert p["k_split"] * p["split"] == k and p["k_split"] % p["block_k"] == 0, p
+
+
+@pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+@pytest.mark.parametrize("m,n,k,config", RING_CASES)
+def test_ring_kernel(rng, m, n, k, config):
+    """Matches the reference (and runs the ring kernel, not the fallback), writing every output element
+    (poisoned output and workspace)."""
+    config = dict(config, loads="ring")
+    w, s = _weight(n, k, rng)
+    x = randn(m, k, gen=rng, dtype=torch.bfloat16)
+    bias = randn(n, gen=rng, dtype=torch.bfloat16) if m % 2 else None
+    p = small.plan(m, n, k, torch.device("cuda"), config)
+    assert small.ring_applies(p, k, x.stride(0), 0, torch.cuda.get_device_capability()), p
+    ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
+    out = torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda")
+    ws = torch.full((p["split"], m, n), float("nan"), dtype=torch.float32, device="cuda")
+    small.mxfp4_mm_small_m(x.cuda(), w.cuda(), s.cuda(), bias.cuda() if bias is not None else None, config,
+                           out=out, workspace=ws)
+    assert_close(out.cpu(), ref, x.dtype)
+
+
+@pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+def test_ring_kernel_every_code_and_scale_exact():
+    """All 16 codes at every K position and scales 2**-93 .. 2**33 through identity activations: exact."""
+    rng = torch.Generator().manual_seed(5)
+    n, k = 64, 512
+    codes = torch.randint(0, 16, (n, k), generator=rng, dtype=torch.uint8)
+    codes[:16, :] = (torch.arange(k)[None, :] + torch.arange(16)[:, None]) % 16
+    w = formats.pack_e2m1(codes)
+    s = torch.randint(34, 161, (n, k // 32), generator=rng, dtype=torch.uint8)
+    s[0, 0], s[1, -1] = 34, 160
+    dense = formats.dequantize_mxfp4(w, s)
+    config = {"loads": "ring", "split_k": 1}
+    for first in range(0, k, 16):
+        x = torch.eye(k, dtype=torch.bfloat16)[first:first + 16]
+        out = small.mxfp4_mm_small_m(x.cuda(), w.cuda(), s.cuda(), None, config)
+        torch.testing.assert_close(out.cpu(), dense[:, first:first + 16].t().to(torch.bfloat16), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+def test_ring_kernel_cuda_graph_capturable(rng):
+    x = randn(5, 2048, dtype=torch.bfloat16, device="cuda", gen=rng)
+    w, s = (t.cuda() for t in _weight(384, 2048, rng))
+    bias = randn(384, dtype=torch.bfloat16, device="cuda", gen=rng)
+    assert_graph_capturable(lambda: small.mxfp4_mm_small_m(x, w, s, bias, {"loads": "ring", "split_k": 4}), x)

@@ -89,3 +89,22 @@ def test_mxfp4_small_m_kernel_compiles(compiled, name):
         staged = {op: n for op, n in case["loop_sass"].items()
                   if op in ("STS.128", "LDS.128", "STS.64", "LDS.64", "STS.U8", "LDS.U8", "LDS.U16")}
         assert not staged, staged
+
+
+@pytest.mark.parametrize("name", ["small_m_ring_m8", "small_m_ring_m16"])
+def test_mxfp4_small_m_ring_kernel_compiles(compiled, name):
+    """The asynchronous-copy variant (Gluon): within its register cap without spills, the weight runs copied
+    16 bytes at a time (cp.async, L1 bypassed) and read back 16 bytes at a time, the scales and activations
+    copied asynchronously too (no plain global load in the K loop), the same PTX decode, and the decoded tile
+    handed to the warpgroup MMA without a shared-memory round trip (no shared-memory store in the loop)."""
+    case = _ok(compiled, name)
+    loop = case["loop_sass"]
+    assert case["spill_bytes"] == 0 and case["registers"] <= 128, case
+    assert loop.get("LDGSTS.E.BYPASS.128", 0) >= 4 and loop.get("LDS.128", 0) >= 4, sorted(loop)
+    assert loop.get("LDGSTS.E", 0) >= 8, sorted(loop)  # 4-byte runs: activations and scale groups
+    assert loop.get("PRMT", 0) >= 64 and loop.get("HMUL2.BF16_V2", 0) >= 64, sorted(loop)
+    assert any(op.startswith("HGMMA") for op in loop), sorted(loop)
+    stores = {op: n for op, n in loop.items() if op.startswith(("STS", "STSM"))}
+    assert not stores, stores
+    plain_loads = {op: n for op, n in loop.items() if op.startswith("LDG.E") and "STRONG" not in op}
+    assert not plain_loads, plain_loads  # (the split-K reduction's .cg partial loads read as STRONG.GPU)

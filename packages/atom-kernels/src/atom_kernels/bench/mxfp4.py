@@ -82,7 +82,7 @@ def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True)
         if cfg is None or cfg.get("kernel", "small_m") == "small_m":
             row["plan"] = json.dumps({key: v for key, v in triton_small_m.plan(m, n, k, x.device, cfg).items()
                                       if key in ("mma", "block_n", "block_k", "split", "reduce", "num_warps",
-                                                 "num_stages")})
+                                                 "num_stages", "loads", "stages")})
         try:
             row["rel_err"] = _rel_err(mxfp4_mm.call_backend("triton", x, wp, ws, None, config=cfg), ref)
         except Exception as err:

@@ -87,20 +87,29 @@ _BLOCK_M = 16
 # current step, 15% at the barrier before the MMA (the activation tile in shared memory), 14% issuing; 402
 # instructions per 128 weights per thread, 272 of them the decode.  The marginal rate (K = 8192 -> 14336)
 # is 2.2 TB/s: the steady state is slow, not the launch.
-# Default: wgmma, 64 columns, 256-wide K steps, one stage, ~4 programs per SM (best on both 8192 cases).
+# The same kernel with its loads as cp.async copies into a shared-memory ring (``gluon_small_m``, sm_90,
+# ``bench/results/2026-11-30T2350-h200``): 2 stages (one step ahead) 16.3 / 20.5 us vs 18.1 / 20.5; 3 and 4
+# stages were slower (17.3-18.5 at M=1; at M=16 the 16-wide activation slots cap it at 3 programs per SM: 25-34 us),
+# so deeper prefetch is not what it lacks either.  Kept as the default where it applies (``ring_applies``).
+# Default: wgmma, 64 columns, 256-wide K steps, ~4 programs per SM; the ring kernel with 2 stages where it
+# applies, else one stage of register loads (best on both 8192 cases).
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
-                     num_stages=1)
+                     num_stages=1, loads="ring", stages=2, narrow_m=True)
 SWEEP: list[dict] = [
     dict(),
-    dict(num_stages=3),
-    dict(block_n=128),
-    dict(block_k=128, waves=6),
-    dict(block_k=512),
-    dict(mma="sync", block_n=128, num_stages=1),
-    dict(waves=3),
-    dict(waves=8),
-    dict(split_k=1),
-    dict(reduce="pass"),
+    dict(narrow_m=False),
+    dict(stages=3),
+    dict(stages=4),
+    dict(loads="registers"),  # the register-load kernel (the default before the ring, and on other GPUs)
+    dict(loads="registers", num_stages=3),
+    dict(loads="registers", block_n=128),
+    dict(loads="registers", block_k=128, waves=6),
+    dict(loads="registers", block_k=512),
+    dict(loads="registers", mma="sync", block_n=128, num_stages=1),
+    dict(loads="registers", waves=3),
+    dict(loads="registers", waves=8),
+    dict(loads="registers", split_k=1),
+    dict(loads="registers", reduce="pass"),
 ]
 
 # One word -> four bf16x2 registers (see the module docstring).  $4: the word; $5: the scale as bf16x2.
@@ -374,6 +383,21 @@ def loads_in_mma_rows(cfg: dict) -> bool:
     return cfg["mma"] == "wgmma" and cfg["block_n"] % 64 == 0 and cfg["num_warps"] == 4
 
 
+RING_TRITON = "3.6."  # the Triton whose (experimental) Gluon API the ring kernel is written and verified against
+
+
+def ring_applies(p: dict, k: int, x_stride: int, x_address: int, capability: tuple[int, int] | None) -> bool:
+    """Whether ``gluon_small_m`` (the same kernel with its loads as asynchronous copies into a shared-memory
+    ring) serves a call planned as ``p``: asked for (``loads="ring"``), on an sm_90 GPU (``capability``; None
+    off the GPU or in the interpreter), the in-kernel split-K reduction, K a multiple of 128 with whole K steps
+    per split (at least 2: Triton 3.6 fails to compile the one-step loop), 256-multiple K steps
+    in the warpgroup-MMA arrangement with the operand-order loads, and activations that allow 4-byte copies."""
+    return (p["loads"] == "ring" and capability is not None and capability[0] == 9 and p["mma_rows"]
+            and p["reduce"] == "in_kernel" and k % 128 == 0 and p["block_k"] % 256 == 0
+            and p["k_split"] * p["split"] == k and p["k_split"] >= 2 * p["block_k"]
+            and x_stride % 2 == 0 and x_address % 4 == 0)
+
+
 def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = None) -> dict:
     """Launch parameters of one call (a dict the bench records)."""
     cfg = dict(DEFAULT, **(config or {}))
@@ -387,6 +411,9 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     if split == "auto":
         split = pick_split(tiles, k_iters, device, cfg["waves"])
     split = max(1, min(int(split), k_iters))
+    if cfg["loads"] == "ring":
+        while k_iters % split:  # the ring kernel takes whole K steps per split
+            split -= 1
     k_split = triton.cdiv(k_iters, split) * block_k
     split = triton.cdiv(k, k_split)
     return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg))
@@ -411,17 +438,24 @@ def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bi
     locks = _locks(x.device, p["tiles"]) if split > 1 and reduce_in_kernel else None
     if split > 1 and workspace is None:
         workspace = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    _mxfp4_small_m_kernel[(p["tiles"], split)](
-        w.view(torch.int32), w_scale.view(torch.uint8), x, out, workspace if split > 1 else out,
-        locks if locks is not None else out, bias if bias is not None else out,
-        n, m, x.stride(0), out.stride(0),
-        K=k, K_SPLIT=p["k_split"], SPLIT_K=split, C=p["c"], HAS_BIAS=bias is not None,
-        REDUCE=1 if reduce_in_kernel else 0, WGMMA=p["mma"] == "wgmma", MMA_ROWS=p["mma_rows"], BLOCK_N=p["block_n"],
-        BLOCK_M=_BLOCK_M,
-        BLOCK_K=p["block_k"],
-        EXACT=triton_interpreting(), SHIFT=_SHIFT, EVEN_N=n % p["block_n"] == 0, EVEN_K=p["k_split"] * split == k,
-        num_warps=p["num_warps"], num_stages=p["num_stages"],
-    )
+    capability = (torch.cuda.get_device_capability(x.device) if x.is_cuda and not triton_interpreting()
+                  and triton.__version__.startswith(RING_TRITON) else None)
+    if ring_applies(p, k, x.stride(0), x.data_ptr(), capability):
+        from atom_kernels.ops.mxfp4_mm.gluon_small_m import launch_ring  # Gluon: sm_90 only, imported on use
+
+        launch_ring(x, w, w_scale, out, workspace, locks, bias, p, _SHIFT)
+    else:
+        _mxfp4_small_m_kernel[(p["tiles"], split)](
+            w.view(torch.int32), w_scale.view(torch.uint8), x, out, workspace if split > 1 else out,
+            locks if locks is not None else out, bias if bias is not None else out,
+            n, m, x.stride(0), out.stride(0),
+            K=k, K_SPLIT=p["k_split"], SPLIT_K=split, C=p["c"], HAS_BIAS=bias is not None,
+            REDUCE=1 if reduce_in_kernel else 0, WGMMA=p["mma"] == "wgmma", MMA_ROWS=p["mma_rows"], BLOCK_N=p["block_n"],
+            BLOCK_M=_BLOCK_M,
+            BLOCK_K=p["block_k"],
+            EXACT=triton_interpreting(), SHIFT=_SHIFT, EVEN_N=n % p["block_n"] == 0, EVEN_K=p["k_split"] * split == k,
+            num_warps=p["num_warps"], num_stages=p["num_stages"],
+        )
     if split > 1 and not reduce_in_kernel:
         reduce_splits(workspace[:split].view(split, m, n), out, bias)
     return out

@@ -1,0 +1,238 @@
+"""The small-M MXFP4 kernel of ``triton_small_m`` with its loads made asynchronous (Gluon, sm_90).
+
+Same math, K permutation, decode and split-K reduction as ``triton_small_m`` (read its docstring first);
+what differs is how the bytes arrive.  There, a K step's weight words, scale bytes and activations are
+ordinary loads into registers, issued when the step starts: Nsight Compute sampled 39% of the warps
+waiting on them, and loading the next step ahead in registers cost too many registers (151).  Here they
+are ``cp.async`` copies into a ring of ``STAGES`` shared-memory slots, issued ``STAGES - 1`` steps ahead, so
+the copies of later steps are in flight while this step decodes, without holding registers:
+
+* weight words: each thread copies the 16-byte runs it will decode, shaped as the warpgroup MMA operand
+  holds the rows (``[8 lanes, 4 warps, 2 registers, K blocks, repeats, 16 words]``, as ``mma_rows``), and
+  reads the same runs back (``LDS.128``) in the same layout; the slot's physical order puts a row's 16 words
+  next to the next lane's, so a quarter warp's 16-byte reads hit 32 distinct banks;
+* scale bytes: 4-byte copies (the 4 groups of one row's 128-element block), read back one byte per thread in
+  the layout the decode wants;
+* activations: 4-byte copies (2 K-adjacent values, the ``"wgmma"`` permutation's runs) into the MMA's
+  B-operand tile (128-byte swizzle); rows past ``M`` are zero-filled, not read.
+
+Each step: wait for its copy group, fence (the MMA reads shared memory through the async proxy), barrier (so
+no thread still reads the slot that the next copies overwrite), issue the copies of step ``+ STAGES - 1``,
+decode, one warpgroup MMA (weights from registers, activations from the slot).
+
+Preconditions (``triton_small_m.ring_applies``, a pure function; otherwise the register-load kernel runs): an NVIDIA GPU of
+compute capability 9.x, ``K % 128 == 0`` (16-byte weight runs, 4-byte scale runs), ``block_k`` a multiple of
+256, ``block_n`` a multiple of 64, the K split a whole number of steps, and activations whose row stride and
+address allow 4-byte copies.  Gluon kernels do not run in Triton's CPU interpreter: the CPU tests compile this
+one for sm_90 and check its SASS and preconditions; the numbers are checked on the GPU
+(``tests/test_mxfp4_mm.py``, committed results under ``bench/results``).
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
+
+MAX_REGISTERS = 128  # per thread: 4 programs of 4 warps per SM (uncapped, 16 tokens took 164: 3 programs)
+RUN_WORDS = gl.constexpr(16)  # words of one 128-element block (4 threads x 4 words)
+
+
+@gluon.constexpr_function
+def _axis_layout(parent, rank, dim):
+    """The layout of a 1-D ``arange`` that ``_axis`` expands into ``parent`` along every dimension but ``dim``."""
+    layout = parent
+    for d in reversed([d for d in range(rank) if d != dim]):
+        layout = gl.SliceLayout(d, layout)
+    return layout
+
+
+@gluon.jit
+def _axis(n: gl.constexpr, dim: gl.constexpr, rank: gl.constexpr, parent: gl.constexpr):
+    """``arange(n)`` along dimension ``dim`` of a rank-``rank`` tensor of layout ``parent`` (size 1 elsewhere)."""
+    x = gl.arange(0, n, layout=_axis_layout(parent, rank, dim))
+    for d in gl.static_range(rank):
+        if d != dim:
+            x = gl.expand_dims(x, d)
+    return x
+
+
+# One word -> four bf16x2 registers; the same PTX as triton_small_m._DECODE_ASM.
+_DECODE_ASM: gl.constexpr = gl.constexpr("""
+{
+.reg .b32 y, t;
+shl.b32 y, $4, 4;
+prmt.b32 t, y, $4, 0xC480;
+shl.b32 t, t, 2;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $0, t, $5;
+prmt.b32 t, y, $4, 0xD591;
+shl.b32 t, t, 2;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $1, t, $5;
+prmt.b32 t, y, $4, 0xE6A2;
+shl.b32 t, t, 2;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $2, t, $5;
+prmt.b32 t, y, $4, 0xF7B3;
+shl.b32 t, t, 2;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 $3, t, $5;
+}
+""")
+
+
+@gluon.jit
+def _split_pair(p):
+    lo = p.to(gl.int16).to(gl.bfloat16, bitcast=True)
+    hi = (p >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    return gl.join(lo, hi)
+
+
+@gluon.jit
+def _decoded_tile(words6, e6, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SHIFT: gl.constexpr):
+    """Words ``[8, 4, 2, NB, R, 16]`` (rows as the MMA holds them) and scales ``[4, 8, 4, 2, NB, R]`` -> the
+    bf16 tile ``[BLOCK_N, BLOCK_K]`` (``* 2**-SHIFT``) in the ``"wgmma"`` logical K order."""
+    NB: gl.constexpr = BLOCK_K // 128
+    W: gl.constexpr = BLOCK_K // 8
+    words = gl.reshape(gl.permute(words6, (4, 1, 2, 0, 3, 5)), (BLOCK_N, NB, 4, 4))  # [row, block, t, j]
+    words = gl.reshape(gl.permute(words, (0, 1, 3, 2)), (BLOCK_N, W))  # [row, (block, j, t)]
+    e = gl.reshape(gl.permute(e6, (5, 2, 3, 1, 4, 0)), (BLOCK_N, NB, 4))  # [row, block, t]
+    mult = (e.to(gl.int32) + (127 - SHIFT - 1)) * 0x00800080  # the scale's bf16 bits in both halves
+    mult = gl.join(gl.join(mult, mult), gl.join(mult, mult))  # the same scale for the 4 words j of a run
+    mult = gl.reshape(gl.permute(gl.reshape(mult, (BLOCK_N, NB, 4, 4)), (0, 1, 3, 2)), (BLOCK_N, W))
+    p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_ASM, "=r,=r,=r,=r,r,r", [words, mult],
+                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    v = gl.join(gl.join(_split_pair(p0), _split_pair(p1)), gl.join(_split_pair(p2), _split_pair(p3)))
+    v = gl.permute(v, (0, 1, 4, 3, 2))  # [row, word, code]
+    v = gl.permute(gl.reshape(v, (BLOCK_N, NB, 4, 4, 4, 2)), (0, 1, 2, 4, 3, 5))  # code 2p+l of (j, t) -> 32j+8p+2t+l
+    return gl.reshape(v, (BLOCK_N, BLOCK_K))
+
+
+@gluon.jit
+def _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k0, slot):
+    """Start the copies of the K step at ``k0`` into ring slot ``slot``."""
+    async_copy.async_copy_global_to_shared(w_smem.index(slot), w_ptr + (w_off + k0 // 8))
+    async_copy.async_copy_global_to_shared(s_smem.index(slot), s_ptr + (s_off + k0 // 32))
+    async_copy.async_copy_global_to_shared(x_smem.index(slot), x_ptr + (x_off + k0), mask=x_mask)
+
+
+@gluon.jit
+def _mxfp4_small_m_ring_kernel(
+    w_ptr, s_ptr, x_ptr, out_ptr, ws_ptr, lock_ptr, bias_ptr,
+    N, M, stride_xm, stride_om,
+    K: gl.constexpr, K_SPLIT: gl.constexpr, SPLIT_K: gl.constexpr, HAS_BIAS: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+    SHIFT: gl.constexpr, EVEN_N: gl.constexpr,
+):
+    R: gl.constexpr = BLOCK_N // 64
+    NB: gl.constexpr = BLOCK_K // 128
+    STEPS: gl.constexpr = K_SPLIT // BLOCK_K
+    # Register layouts: words as the MMA operand holds the rows, 4 words per thread; scales copied 4 bytes per
+    # thread and read one byte per thread; activations 2 values per thread; the MMA and its A operand.
+    WORDS: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1, 4], [8, 1, 1, 1, 1, 4], [1, 4, 1, 1, 1, 1], [5, 0, 1, 2, 3, 4])
+    SCALE_COPY: gl.constexpr = gl.BlockedLayout([4, 1, 1, 1, 1, 1], [1, 8, 1, 2, 2, 1], [1, 1, 4, 1, 1, 1],
+                                                [0, 1, 2, 3, 4, 5])
+    SCALE_READ: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1, 1], [4, 8, 1, 1, 1, 1], [1, 1, 4, 1, 1, 1],
+                                                [0, 1, 2, 3, 4, 5])
+    ACT: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, 4], [1, 0])
+    OUT: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 4], [1, 0])
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    A_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, 8, 4, 2, NB, R, RUN_WORDS],
+                                       gl.SwizzledSharedLayout(1, 1, 1, [5, 0, 1, 2, 3, 4]))
+    s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, 4, 8, 4, 2, NB, R],
+                                       gl.SwizzledSharedLayout(1, 1, 1, [0, 1, 2, 3, 4, 5]))
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K],
+                                       gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    # weight word offsets [8, 4, 2, NB, R, 16]: row l + 16 w + 8 r + 64 a, word 16 b + j of the step
+    rows = (pid_n * BLOCK_N + _axis(8, 0, 6, WORDS) + 16 * _axis(4, 1, 6, WORDS) + 8 * _axis(2, 2, 6, WORDS)
+            + 64 * _axis(R, 4, 6, WORDS))
+    if not EVEN_N:
+        rows = gl.where(rows < N, rows, 0)  # padding columns read row 0 (in bounds), never stored
+    w_off = rows.to(gl.int64) * (K // 8) + (RUN_WORDS * _axis(NB, 3, 6, WORDS) + _axis(RUN_WORDS, 5, 6, WORDS))
+    # scale offsets [4, 8, 4, 2, NB, R]: group 4 b + t of the step
+    s_rows = (pid_n * BLOCK_N + _axis(8, 1, 6, SCALE_COPY) + 16 * _axis(4, 2, 6, SCALE_COPY)
+              + 8 * _axis(2, 3, 6, SCALE_COPY) + 64 * _axis(R, 5, 6, SCALE_COPY))
+    if not EVEN_N:
+        s_rows = gl.where(s_rows < N, s_rows, 0)
+    s_off = s_rows.to(gl.int64) * (K // 32) + (4 * _axis(NB, 4, 6, SCALE_COPY) + _axis(4, 0, 6, SCALE_COPY))
+    # activation offsets [BLOCK_M, BLOCK_K] in the "wgmma" logical K order (triton_small_m.activation_k, C = 4)
+    kl = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, ACT))
+    kn = (kl // 128) * 128 + 8 * ((kl // 32) % 4) + 32 * ((kl // 2) % 4) + 2 * ((kl // 8) % 4) + kl % 2
+    kn = gl.max_contiguous(gl.multiple_of(kn, 2), 2)
+    offs_xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACT))
+    x_off = offs_xm[:, None] * stride_xm + kn[None, :]  # int32: at most 16 rows
+    x_mask = (offs_xm < M)[:, None] & (kn >= 0)[None, :]
+
+    k_start = pid_k * K_SPLIT
+    for s in gl.static_range(STAGES - 1):
+        if s < STEPS:
+            _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
+                          k_start + s * BLOCK_K, s)
+        async_copy.commit_group()
+
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=MMA)
+    for step in range(STEPS):
+        async_copy.wait_group(STAGES - 2)  # this step's copies (this thread's) have landed
+        fence_async_shared()  # ... and are visible to the MMA's async proxy
+        gl.thread_barrier()  # every thread's copies landed; nobody still reads the slot refilled below
+        ahead = step + STAGES - 1
+        if ahead < STEPS:
+            _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
+                          k_start + ahead * BLOCK_K, ahead % STAGES)
+        async_copy.commit_group()
+        slot = step % STAGES
+        words = w_smem.index(slot).load(WORDS)
+        e = s_smem.index(slot).load(SCALE_READ)
+        tile = gl.convert_layout(_decoded_tile(words, e, BLOCK_N, BLOCK_K, SHIFT), A_OPERAND)
+        acc = warpgroup_mma(tile, x_smem.index(slot).permute((1, 0)), acc)
+    async_copy.wait_group(0)
+
+    acc = gl.convert_layout(gl.permute(acc, (1, 0)), OUT) * (2.0 ** SHIFT)
+    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, OUT))
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, OUT))
+    mask_n = offs_n < N
+    mask = (offs_m < M)[:, None] & mask_n[None, :]
+    out_offs = offs_m.to(gl.int64)[:, None] * stride_om + offs_n[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += gl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(gl.float32)[None, :]
+        gl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_offs = offs_m.to(gl.int64)[:, None] * N + offs_n[None, :]
+        gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + ws_offs, acc, mask=mask)
+        gl.thread_barrier()  # every thread's partial is written before the arrival is published
+        arrived = gl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:  # the last program of this column block sums all partials in split order
+            total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=OUT)
+            for split in range(SPLIT_K):
+                total += gl.load(ws_ptr + split * M * N + ws_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += gl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(gl.float32)[None, :]
+            gl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+            gl.atomic_xchg(lock_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next call
+
+
+def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int) -> None:
+    """Launch the kernel for a plan of ``triton_small_m.plan`` (``k_split * split == K``); up to 8 tokens the
+    MMA is 8 wide (half the activation copies and shared memory of 16)."""
+    m, k = x.shape
+    block_m = 8 if m <= 8 and p.get("narrow_m", True) else 16
+    n = w.shape[0]
+    split = p["split"]
+    _mxfp4_small_m_ring_kernel[(p["tiles"], split)](
+        w.view(torch.int32), w_scale.view(torch.uint8), x, out, workspace if split > 1 else out,
+        locks if locks is not None else out, bias if bias is not None else out,
+        n, m, x.stride(0), out.stride(0),
+        K=k, K_SPLIT=p["k_split"], SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=p["block_n"], BLOCK_M=block_m,
+        BLOCK_K=p["block_k"], STAGES=p["stages"], SHIFT=shift, EVEN_N=n % p["block_n"] == 0,
+        num_warps=4, maxnreg=MAX_REGISTERS,
+    )
+
+
