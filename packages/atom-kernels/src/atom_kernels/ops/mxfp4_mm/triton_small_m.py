@@ -88,7 +88,7 @@ _BLOCK_M = 16
 # instructions per 128 weights per thread, 272 of them the decode.  The marginal rate (K = 8192 -> 14336)
 # is 2.2 TB/s: the steady state is slow, not the launch.
 # The same kernel with its loads as cp.async copies into a shared-memory ring (``gluon_small_m``, sm_90,
-# ``bench/results/2026-11-30T2350-h200``): 2 stages (one step ahead) 16.3 / 20.5 us vs 18.1 / 20.5; 3 and 4
+# ``bench/results/2026-11-30T2230-h200``): 2 stages (one step ahead) 16.3 / 20.5 us vs 18.1 / 20.5; 3 and 4
 # stages were slower (17.3-18.5 at M=1; at M=16 the 16-wide activation slots cap it at 3 programs per SM: 25-34 us),
 # so deeper prefetch is not what it lacks either.  Kept as the default where it applies (``ring_applies``).
 # Default: wgmma, 64 columns, 256-wide K steps, ~4 programs per SM; the ring kernel with 2 stages where it
