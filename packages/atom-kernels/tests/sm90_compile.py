@@ -149,28 +149,28 @@ def small_m_cases():
 
 def small_m_ring_cases():
     """The small-M kernel with its loads as asynchronous copies (Gluon), as ``gluon_small_m.launch_ring`` launches
-    it for N = K = 8192: 8-wide MMA (up to 8 tokens) and 16-wide, 4 stages."""
+    it for N = K = 8192: 8-wide MMA (up to 8 tokens) and 16-wide, 2 stages, one warpgroup and two."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from atom_kernels.ops.mxfp4_mm.gluon_small_m import MAX_REGISTERS, _mxfp4_small_m_ring_kernel
 
     signature = {name: kind for name, kind in SMALL_M_SIG.items() if kind != "constexpr"}
-    for block_m in (8, 16):
-        constexprs = dict(K=8192, K_SPLIT=2048, SPLIT_K=4, HAS_BIAS=True, BLOCK_N=64, BLOCK_M=block_m, BLOCK_K=256,
-                          STAGES=4, SHIFT=32, EVEN_N=True)
+    for name, block_m, warps in (("m8", 8, 4), ("m16", 16, 4), ("m16_w8", 16, 8)):
+        constexprs = dict(K=8192, K_SPLIT=2048, SPLIT_K=4, HAS_BIAS=True, BLOCK_N=16 * warps, BLOCK_M=block_m,
+                          BLOCK_K=256, STAGES=2, SHIFT=32, EVEN_N=True)
         sig = dict(signature, **{name: "constexpr" for name in constexprs})
         names = list(sig)
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in
                  ("w_ptr", "s_ptr", "x_ptr", "out_ptr", "ws_ptr", "lock_ptr", "stride_xm", "stride_om", "N")}
 
-        def build(c=constexprs, s=sig, a=attrs):
+        def build(c=constexprs, s=sig, a=attrs, w=warps):
             from triton.backends.compiler import GPUTarget
 
             src = GluonASTSource(fn=_mxfp4_small_m_ring_kernel, signature=s, constexprs=c, attrs=a)
-            return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4,
+            return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": w,
                                                                                    "maxnreg": MAX_REGISTERS})
 
-        yield f"small_m_ring_m{block_m}", build
+        yield f"small_m_ring_{name}", build
 
 
 def cases():

@@ -24,7 +24,7 @@ def _dtypes(device):
 
 # ------------------------------------------------------------------------------ the PTX algorithm
 def test_decode_pair_bits_every_code_pair():
-    """``_DECODE_ASM``'s prmt / shift / mask steps (emulated bit by bit) turn codes 2i, 2i+1 of a word into
+    """``DECODE_ASM``'s prmt / shift / mask steps (emulated bit by bit) turn codes 2i, 2i+1 of a word into
     the bf16 patterns of ``code * 2**-126`` in the low and high halves, for all 256 code pairs at all 4
     positions (the other codes of the word random)."""
     gen = torch.Generator().manual_seed(0)
@@ -184,6 +184,8 @@ RING_CASES = [  # (m, n, k, config): bias for odd m; ragged N; 1, 2, 4 splits; 8
     (8, 192, 4096, {"block_n": 128, "block_k": 512, "stages": 2, "split_k": 2}),
     (3, 96, 1536, {"narrow_m": False, "stages": 2, "split_k": 3}),
     (16, 8192, 8192, {}),
+    (5, 300, 2048, {"num_warps": 8, "block_n": 128, "split_k": 2}),  # two warpgroups, ragged N
+    (16, 256, 1024, {"num_warps": 8, "block_n": 256, "stages": 3, "split_k": 1}),  # two repeats per warpgroup
 ]
 
 
@@ -203,7 +205,8 @@ def test_ring_applies_only_where_its_kernel_can_run():
     assert not applies(k=2880) and not applies(k=8192 + 64)  # K % 128
     assert not applies(config={"block_k": 128})
     assert not applies(config={"reduce": "pass"})
-    assert not applies(config={"mma": "sync"}) and not applies(config={"num_warps": 8})
+    assert not applies(config={"mma": "sync"}) and not applies(config={"num_warps": 8})  # 8 warps: 128-row blocks
+    assert applies(config={"num_warps": 8, "block_n": 128}) and not applies(config={"num_warps": 2})
     assert not applies(k=512, config={"split_k": 1, "block_k": 512})  # one K step
     assert not applies(stride=8191) and not applies(address=2)
     for k in (1536, 2304, 8192, 14336):  # the ring plan always splits K into whole steps

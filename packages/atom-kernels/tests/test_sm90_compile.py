@@ -91,7 +91,7 @@ def test_mxfp4_small_m_kernel_compiles(compiled, name):
         assert not staged, staged
 
 
-@pytest.mark.parametrize("name", ["small_m_ring_m8", "small_m_ring_m16"])
+@pytest.mark.parametrize("name", ["small_m_ring_m8", "small_m_ring_m16", "small_m_ring_m16_w8"])
 def test_mxfp4_small_m_ring_kernel_compiles(compiled, name):
     """The asynchronous-copy variant (Gluon): within its register cap without spills, the weight runs copied
     16 bytes at a time (cp.async, L1 bypassed) and read back 16 bytes at a time, the scales and activations

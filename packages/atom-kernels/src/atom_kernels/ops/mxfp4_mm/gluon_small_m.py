@@ -14,18 +14,23 @@ the copies of later steps are in flight while this step decodes, without holding
 * scale bytes: 4-byte copies (the 4 groups of one row's 128-element block), read back one byte per thread in
   the layout the decode wants;
 * activations: 4-byte copies (2 K-adjacent values, the ``"wgmma"`` permutation's runs) into the MMA's
-  B-operand tile (128-byte swizzle); rows past ``M`` are zero-filled, not read.
+  B-operand tile (128-byte swizzle), 8 rows wide up to 8 tokens, else 16; rows past ``M`` copy row ``M - 1``
+  again (no predicate per copy): they only reach output columns past ``M``, which are never stored.
 
-Each step: wait for its copy group, fence (the MMA reads shared memory through the async proxy), barrier (so
-no thread still reads the slot that the next copies overwrite), issue the copies of step ``+ STAGES - 1``,
-decode, one warpgroup MMA (weights from registers, activations from the slot).
+One or two warpgroups per program (``num_warps`` 4 or 8; two share the activation slots, each owning every
+other 64-row repeat).  Each step: wait for its copy group, fence (the MMA reads shared memory through the
+async proxy), barrier (so no thread still reads the slot that the next copies overwrite), issue the copies
+of step ``+ STAGES - 1``, decode, one warpgroup MMA (weights from registers, activations from the slot).
+Registers are capped at 128 (``MAX_REGISTERS``) so that 4 programs of one warpgroup fit on an SM.
 
-Preconditions (``triton_small_m.ring_applies``, a pure function; otherwise the register-load kernel runs): an NVIDIA GPU of
-compute capability 9.x, ``K % 128 == 0`` (16-byte weight runs, 4-byte scale runs), ``block_k`` a multiple of
-256, ``block_n`` a multiple of 64, the K split a whole number of steps, and activations whose row stride and
-address allow 4-byte copies.  Gluon kernels do not run in Triton's CPU interpreter: the CPU tests compile this
-one for sm_90 and check its SASS and preconditions; the numbers are checked on the GPU
-(``tests/test_mxfp4_mm.py``, committed results under ``bench/results``).
+Preconditions (``triton_small_m.ring_applies``, a pure function; otherwise the register-load kernel runs):
+Triton 3.6 (Gluon is experimental; its API moves between releases), an NVIDIA GPU of compute capability 9.x,
+``K % 128 == 0`` (16-byte weight runs, 4-byte scale runs), ``block_k`` a multiple of 256, ``block_n`` a
+multiple of ``16 * num_warps``, at least 2 whole K steps per split, the in-kernel split-K reduction, and
+activations whose row stride and address allow 4-byte copies.  Gluon kernels do not run in Triton's CPU
+interpreter: the CPU tests compile this one for sm_90 and check its SASS (``tests/test_sm90_compile.py``)
+and its preconditions; its results are checked on the GPU (``tests/test_mxfp4_small_m.py``, summaries
+committed under ``bench/results``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
+
+from atom_kernels.ops.mxfp4_mm.triton_small_m import DECODE_ASM  # one word -> four bf16x2 registers
 
 MAX_REGISTERS = 128  # per thread: 4 programs of 4 warps per SM (uncapped, 16 tokens took 164: 3 programs)
 RUN_WORDS = gl.constexpr(16)  # words of one 128-element block (4 threads x 4 words)
@@ -58,31 +65,6 @@ def _axis(n: gl.constexpr, dim: gl.constexpr, rank: gl.constexpr, parent: gl.con
     return x
 
 
-# One word -> four bf16x2 registers; the same PTX as triton_small_m._DECODE_ASM.
-_DECODE_ASM: gl.constexpr = gl.constexpr("""
-{
-.reg .b32 y, t;
-shl.b32 y, $4, 4;
-prmt.b32 t, y, $4, 0xC480;
-shl.b32 t, t, 2;
-and.b32 t, t, 0x81C081C0;
-mul.rn.bf16x2 $0, t, $5;
-prmt.b32 t, y, $4, 0xD591;
-shl.b32 t, t, 2;
-and.b32 t, t, 0x81C081C0;
-mul.rn.bf16x2 $1, t, $5;
-prmt.b32 t, y, $4, 0xE6A2;
-shl.b32 t, t, 2;
-and.b32 t, t, 0x81C081C0;
-mul.rn.bf16x2 $2, t, $5;
-prmt.b32 t, y, $4, 0xF7B3;
-shl.b32 t, t, 2;
-and.b32 t, t, 0x81C081C0;
-mul.rn.bf16x2 $3, t, $5;
-}
-""")
-
-
 @gluon.jit
 def _split_pair(p):
     lo = p.to(gl.int16).to(gl.bfloat16, bitcast=True)
@@ -102,7 +84,7 @@ def _decoded_tile(words6, e6, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SHIF
     mult = (e.to(gl.int32) + (127 - SHIFT - 1)) * 0x00800080  # the scale's bf16 bits in both halves
     mult = gl.join(gl.join(mult, mult), gl.join(mult, mult))  # the same scale for the 4 words j of a run
     mult = gl.reshape(gl.permute(gl.reshape(mult, (BLOCK_N, NB, 4, 4)), (0, 1, 3, 2)), (BLOCK_N, W))
-    p0, p1, p2, p3 = gl.inline_asm_elementwise(_DECODE_ASM, "=r,=r,=r,=r,r,r", [words, mult],
+    p0, p1, p2, p3 = gl.inline_asm_elementwise(DECODE_ASM, "=r,=r,=r,=r,r,r", [words, mult],
                                                dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
     v = gl.join(gl.join(_split_pair(p0), _split_pair(p1)), gl.join(_split_pair(p2), _split_pair(p3)))
     v = gl.permute(v, (0, 1, 4, 3, 2))  # [row, word, code]
@@ -111,11 +93,11 @@ def _decoded_tile(words6, e6, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SHIF
 
 
 @gluon.jit
-def _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k0, slot):
+def _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, k0, slot):
     """Start the copies of the K step at ``k0`` into ring slot ``slot``."""
     async_copy.async_copy_global_to_shared(w_smem.index(slot), w_ptr + (w_off + k0 // 8))
     async_copy.async_copy_global_to_shared(s_smem.index(slot), s_ptr + (s_off + k0 // 32))
-    async_copy.async_copy_global_to_shared(x_smem.index(slot), x_ptr + (x_off + k0), mask=x_mask)
+    async_copy.async_copy_global_to_shared(x_smem.index(slot), x_ptr + (x_off + k0))
 
 
 @gluon.jit
@@ -131,14 +113,17 @@ def _mxfp4_small_m_ring_kernel(
     STEPS: gl.constexpr = K_SPLIT // BLOCK_K
     # Register layouts: words as the MMA operand holds the rows, 4 words per thread; scales copied 4 bytes per
     # thread and read one byte per thread; activations 2 values per thread; the MMA and its A operand.
-    WORDS: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1, 4], [8, 1, 1, 1, 1, 4], [1, 4, 1, 1, 1, 1], [5, 0, 1, 2, 3, 4])
-    SCALE_COPY: gl.constexpr = gl.BlockedLayout([4, 1, 1, 1, 1, 1], [1, 8, 1, 2, 2, 1], [1, 1, 4, 1, 1, 1],
+    # Warpgroup g of WG owns the 64-row repeats a = g (mod WG): warp w + 4 g, as the MMA layout orders them.
+    WG: gl.constexpr = gl.num_warps() // 4
+    WORDS: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1, 4], [8, 1, 1, 1, 1, 4], [1, 4, 1, 1, WG, 1], [5, 0, 1, 2, 3, 4])
+    SCALE_COPY: gl.constexpr = gl.BlockedLayout([4, 1, 1, 1, 1, 1], [1, 8, 1, 2, 2, 1], [1, 1, 4, 1, 1, WG],
                                                 [0, 1, 2, 3, 4, 5])
-    SCALE_READ: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1, 1], [4, 8, 1, 1, 1, 1], [1, 1, 4, 1, 1, 1],
+    SCALE_READ: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1, 1], [4, 8, 1, 1, 1, 1], [1, 1, 4, 1, 1, WG],
                                                 [0, 1, 2, 3, 4, 5])
-    ACT: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, 4], [1, 0])
-    OUT: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 4], [1, 0])
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    ACT: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WG, 4], [1, 0])  # covers [WG, 256]: no copy twice
+    OUT: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [WG, 4], [1, 0])
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG, 1],
+                                                  instr_shape=[16, BLOCK_M, 16])
     A_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
 
     w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, 8, 4, 2, NB, R, RUN_WORDS],
@@ -166,14 +151,15 @@ def _mxfp4_small_m_ring_kernel(
     kl = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, ACT))
     kn = (kl // 128) * 128 + 8 * ((kl // 32) % 4) + 32 * ((kl // 2) % 4) + 2 * ((kl // 8) % 4) + kl % 2
     kn = gl.max_contiguous(gl.multiple_of(kn, 2), 2)
-    offs_xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACT))
-    x_off = offs_xm[:, None] * stride_xm + kn[None, :]  # int32: at most 16 rows
-    x_mask = (offs_xm < M)[:, None] & (kn >= 0)[None, :]
+    # Rows past M copy row M - 1 again (no predicate per copy): they only reach MMA output columns past M,
+    # which are never stored.
+    x_rows = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACT)), M - 1)
+    x_off = x_rows[:, None] * stride_xm + kn[None, :]  # int32: at most 16 rows
 
     k_start = pid_k * K_SPLIT
     for s in gl.static_range(STAGES - 1):
         if s < STEPS:
-            _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
+            _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off,
                           k_start + s * BLOCK_K, s)
         async_copy.commit_group()
 
@@ -184,7 +170,7 @@ def _mxfp4_small_m_ring_kernel(
         gl.thread_barrier()  # every thread's copies landed; nobody still reads the slot refilled below
         ahead = step + STAGES - 1
         if ahead < STEPS:
-            _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
+            _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off,
                           k_start + ahead * BLOCK_K, ahead % STAGES)
         async_copy.commit_group()
         slot = step % STAGES
@@ -232,7 +218,7 @@ def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int)
         n, m, x.stride(0), out.stride(0),
         K=k, K_SPLIT=p["k_split"], SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=p["block_n"], BLOCK_M=block_m,
         BLOCK_K=p["block_k"], STAGES=p["stages"], SHIFT=shift, EVEN_N=n % p["block_n"] == 0,
-        num_warps=4, maxnreg=MAX_REGISTERS,
+        num_warps=p["num_warps"], maxnreg=MAX_REGISTERS,
     )
 
 

@@ -26,7 +26,7 @@ loads ``C`` contiguous words (one 16-byte load for C = 4) that share one e8m0 sc
 ``"sync"``, 2-element runs for ``"wgmma"``).
 
 Decode of one 32-bit word (8 codes, code ``i`` in bits ``4i..4i+3``) into four bf16x2 registers, by
-inline PTX (``_DECODE_ASM``) on a GPU: ``y = w << 4``; for pair ``i`` (codes ``2i``, ``2i+1``) one
+inline PTX (``DECODE_ASM``) on a GPU: ``y = w << 4``; for pair ``i`` (codes ``2i``, ``2i+1``) one
 ``prmt`` builds ``[sign(2i+1) x8 | byte_i(w) | sign(2i) x8 | byte_i(y)]`` (the ``prmt`` sign-replicate
 mode turns the nibble's sign bit into a whole byte), ``(t << 2) & 0x81C081C0`` leaves each half as the
 bf16 ``code * 2**-126`` (sign at bit 15, exponent bits 8..7 and mantissa bit 6 from the nibble), and
@@ -88,9 +88,12 @@ _BLOCK_M = 16
 # instructions per 128 weights per thread, 272 of them the decode.  The marginal rate (K = 8192 -> 14336)
 # is 2.2 TB/s: the steady state is slow, not the launch.
 # The same kernel with its loads as cp.async copies into a shared-memory ring (``gluon_small_m``, sm_90,
-# ``bench/results/2026-11-30T2230-h200``): 2 stages (one step ahead) 16.3 / 20.5 us vs 18.1 / 20.5; 3 and 4
-# stages were slower (17.3-18.5 at M=1; at M=16 the 16-wide activation slots cap it at 3 programs per SM: 25-34 us),
-# so deeper prefetch is not what it lacks either.  Kept as the default where it applies (``ring_applies``).
+# ``bench/results/2026-11-30T2230-h200``): 2 stages (one step ahead) 15.7-16.3 / 19.4-20.7 us vs 18.1 / 20.5;
+# 3 and 4 stages were slower (16.8-18.6 at M=1; at M=16 the 16-wide activation slots leave room for only 3
+# programs per SM: 23-34 us), so deeper prefetch is not what it lacks.  Also tried there: two warpgroups per
+# program sharing the activation slots (half the activation traffic from L2: 16.7 / 22.4 us, slower) and
+# splitting each step's MMA in two so the first half runs while the second decodes (16.1 / 19.6: no change).
+# The 8-wide MMA for up to 8 tokens is worth 2.4 us at M=1 (18.1 -> 15.7): instruction count tracks time.
 # Default: wgmma, 64 columns, 256-wide K steps, ~4 programs per SM; the ring kernel with 2 stages where it
 # applies, else one stage of register loads (best on both 8192 cases).
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
@@ -100,6 +103,7 @@ SWEEP: list[dict] = [
     dict(narrow_m=False),
     dict(stages=3),
     dict(stages=4),
+    dict(num_warps=8, block_n=128, waves=2),  # two warpgroups share the activation slots
     dict(loads="registers"),  # the register-load kernel (the default before the ring, and on other GPUs)
     dict(loads="registers", num_stages=3),
     dict(loads="registers", block_n=128),
@@ -113,7 +117,7 @@ SWEEP: list[dict] = [
 ]
 
 # One word -> four bf16x2 registers (see the module docstring).  $4: the word; $5: the scale as bf16x2.
-_DECODE_ASM = tl.constexpr("""
+DECODE_ASM = tl.constexpr("""
 {
 .reg .b32 y, t;
 shl.b32 y, $4, 4;
@@ -153,7 +157,7 @@ def _prmt(a: int, b: int, selector: int) -> int:
 
 def decode_pair_bits(word: int, pair: int) -> int:
     """The kernel's decode of codes ``2 pair`` (low half) and ``2 pair + 1`` (high half) of a 32-bit word
-    into two bf16 bit patterns ``code * 2**-126``, step by step as ``_DECODE_ASM`` does it."""
+    into two bf16 bit patterns ``code * 2**-126``, step by step as ``DECODE_ASM`` does it."""
     y = (word << 4) & 0xFFFFFFFF
     t = _prmt(y, word, _PAIR_SELECTORS[pair])
     return ((t << 2) & 0xFFFFFFFF) & _PAIR_MASK
@@ -184,7 +188,7 @@ def decode_words(words, e, SHIFT: tl.constexpr, EXACT: tl.constexpr):
         return code * scale[:, :, None]
     else:
         mult = (e.to(tl.int32) + (127 - SHIFT - 1)) * 0x00800080  # the scale's bf16 bits in both halves
-        p0, p1, p2, p3 = tl.inline_asm_elementwise(_DECODE_ASM, "=r,=r,=r,=r,r,r", [words, mult],
+        p0, p1, p2, p3 = tl.inline_asm_elementwise(DECODE_ASM, "=r,=r,=r,=r,r,r", [words, mult],
                                                    dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True,
                                                    pack=1)
         v = tl.join(tl.join(_split_pair(p0), _split_pair(p1)), tl.join(_split_pair(p2), _split_pair(p3)))
@@ -391,8 +395,10 @@ def ring_applies(p: dict, k: int, x_stride: int, x_address: int, capability: tup
     ring) serves a call planned as ``p``: asked for (``loads="ring"``), on an sm_90 GPU (``capability``; None
     off the GPU or in the interpreter), the in-kernel split-K reduction, K a multiple of 128 with whole K steps
     per split (at least 2: Triton 3.6 fails to compile the one-step loop), 256-multiple K steps
-    in the warpgroup-MMA arrangement with the operand-order loads, and activations that allow 4-byte copies."""
-    return (p["loads"] == "ring" and capability is not None and capability[0] == 9 and p["mma_rows"]
+    in the warpgroup-MMA arrangement with one or two warpgroups over whole 64-row repeats, and activations that
+    allow 4-byte copies."""
+    return (p["loads"] == "ring" and capability is not None and capability[0] == 9 and p["mma"] == "wgmma"
+            and p["num_warps"] in (4, 8) and p["block_n"] % (16 * p["num_warps"]) == 0
             and p["reduce"] == "in_kernel" and k % 128 == 0 and p["block_k"] % 256 == 0
             and p["k_split"] * p["split"] == k and p["k_split"] >= 2 * p["block_k"]
             and x_stride % 2 == 0 and x_address % 4 == 0)
