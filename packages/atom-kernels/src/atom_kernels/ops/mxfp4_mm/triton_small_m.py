@@ -92,7 +92,8 @@ _BLOCK_M = 16
 # 3 and 4 stages were slower (16.8-18.6 at M=1; at M=16 the 16-wide activation slots leave room for only 3
 # programs per SM: 23-34 us), so deeper prefetch is not what it lacks.  Also tried there: two warpgroups per
 # program sharing the activation slots (half the activation traffic from L2: 16.7 / 22.4 us, slower) and
-# splitting each step's MMA in two so the first half runs while the second decodes (16.1 / 19.6: no change).
+# splitting each step's MMA in two so the first half runs while the second decodes (16.1 / 19.6: no change);
+# 96 registers for 5 programs per SM (16 bytes spilled: 16.9 / 26.1 us, slower).
 # The 8-wide MMA for up to 8 tokens is worth 2.4 us at M=1 (18.1 -> 15.7): instruction count tracks time.
 # Default: wgmma, 64 columns, 256-wide K steps, ~4 programs per SM; the ring kernel with 2 stages where it
 # applies, else one stage of register loads (best on both 8192 cases).
