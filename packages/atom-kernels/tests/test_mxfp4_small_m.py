@@ -89,6 +89,22 @@ def test_small_m_kernel(device, rng, m, n, k, config):
         assert_close(out.cpu(), ref, dtype)
 
 
+def test_strided_activations(device, rng):
+    """Activations whose K is not contiguous (every other column of a wider tensor) and whose rows are
+    strided give the same result as a contiguous copy: the small-M kernel directly, and the op's Triton
+    backend at 3 and 20 tokens (the warpgroup-MMA kernel above 16)."""
+    n, k = 64, 512
+    w, s = _weight(n, k, rng)
+    for m in (3, 20):
+        wide = randn(m, 2 * k + 8, gen=rng, dtype=_dtypes(device)[0])
+        for x in (wide[:, : 2 * k : 2], wide[:, 8:k + 8]):
+            ref = mxfp4_mm.call_backend("reference", x.contiguous(), w, s)
+            out = mxfp4_mm.call_backend("triton", x.to(device), w.to(device), s.to(device))
+            assert_close(out.cpu(), ref, x.dtype)
+            if m <= small.SMALL_M_MAX:
+                assert_close(small.mxfp4_mm_small_m(x.to(device), w.to(device), s.to(device)).cpu(), ref, x.dtype)
+
+
 @pytest.mark.parametrize("mma", ["sync", "wgmma"])
 @pytest.mark.parametrize("k", [64, 128])  # C = 2 and C = 4 orders
 def test_every_code_and_scale_at_every_k(device, rng, mma, k):

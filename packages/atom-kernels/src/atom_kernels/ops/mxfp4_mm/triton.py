@@ -194,6 +194,8 @@ def mxfp4_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torc
     kernel, by default the small-M kernel up to ``SMALL_M_MAX`` tokens."""
     m, k = x.shape
     n = w.shape[0]
+    if x.stride(1) != 1:  # the kernels read a row's K as consecutive elements
+        x = x.contiguous()
     config = dict(config or {})
     kernel = config.pop("kernel", "small_m" if m <= SMALL_M_MAX else "mma")
     if kernel == "small_m":

@@ -439,6 +439,8 @@ def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bi
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
+    if x.stride(1) != 1:  # both kernels read a row's K as consecutive elements
+        x = x.contiguous()
     p = plan(m, n, k, x.device, config)
     split = p["split"]
     reduce_in_kernel = p["reduce"] == "in_kernel"
