@@ -94,7 +94,14 @@ _BLOCK_M = 16
 # program sharing the activation slots (half the activation traffic from L2: 16.7 / 22.4 us, slower) and
 # splitting each step's MMA in two so the first half runs while the second decodes (16.1 / 19.6: no change);
 # 96 registers for 5 programs per SM (16 bytes spilled: 16.9 / 26.1 us, slower).
-# The 8-wide MMA for up to 8 tokens is worth 2.4 us at M=1 (18.1 -> 15.7): instruction count tracks time.
+# The 8-wide MMA for up to 8 tokens is worth 2.4 us at M=1 (18.1 -> 15.7).
+# Where the rest goes (timing-only variants, ``bench/results/2026-12-01T0215-h200``, M=1 / 16 from 15.9 / 19.9 us):
+# removing the per-step barrier and copy wait, or half the MMAs, changes nothing; TMA loads of the words, deeper
+# rings and 5-6 programs per SM are no faster (one wave of 8-step programs: more prefetch only delays every first
+# step).  What costs: the global split-K reduction (0.9 / 1.7 us; warpgroups splitting K inside one CTA through
+# gl.warp_specialize were no faster: 16.1 / 23.6), the 4-byte activation copies (natural K order with 16-byte
+# copies: -0.3 / -2.9 us) and the decode (a 9 + 4 op decode: -0.6 / -1.1 us).  The last two need the codes
+# repacked at load; all four together reach 12.9 / 13.9 us (timing only).
 # Default: wgmma, 64 columns, 256-wide K steps, ~4 programs per SM; the ring kernel with 2 stages where it
 # applies, else one stage of register loads (best on both 8192 cases).
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
