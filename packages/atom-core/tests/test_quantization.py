@@ -469,3 +469,30 @@ def test_tp2_quantized_checkpoints(quantized, tmp_path):
             assert rel <= bound, f"{scheme}: relative error {rel:.2e} vs one rank"
     for result in results:
         assert result["fp8-block-error"] and "self_attn.qkv_proj" in result["fp8-block-error"]
+
+
+def test_mxfp4_layers_adopt_the_lanes_layout(quantized, monkeypatch):
+    """With ``ATOM_MXFP4_LAYOUT=lanes`` and where atom_kernels' decode kernel reads the "lanes" byte order (sm_90:
+    never on CPU, so forced here), MXFP4 linear layers permute their weight at load and pass the layout to
+    ``mxfp4_mm``: same logits exactly (the reference backend reads both layouts), and the weights really moved.
+    Without the variable (the default) nothing moves; a wrong value is an error."""
+    from atom_kernels.ops import mxfp4_mm as op
+
+    src, out = quantized("Qwen3ForCausalLM", "mxfp4", intermediate_size=256)
+    rows = Runner(out)
+    monkeypatch.setattr(op, "preferred_layout", lambda n, k, device: "lanes" if k % 128 == 0 else "rows")
+    assert not any(getattr(m, "weight_layout", "rows") == "lanes" for m in Runner(out).model.modules())
+    monkeypatch.setenv("ATOM_MXFP4_LAYOUT", "columns")
+    with pytest.raises(UnsupportedQuantizationError, match="ATOM_MXFP4_LAYOUT"):
+        Runner(out)
+    monkeypatch.setenv("ATOM_MXFP4_LAYOUT", "lanes")
+    lanes = Runner(out)
+    layers = [(name, m) for name, m in lanes.model.named_modules() if getattr(m, "weight_layout", None) == "lanes"]
+    assert any("down_proj" in name for name, _ in layers), "no layer with K % 128 == 0 took the lanes layout"
+    for name, layer in layers:
+        stored = dict(rows.model.named_modules())[name].weight
+        assert not torch.equal(layer.weight, stored)
+        assert torch.equal(formats.mxfp4_lanes_to_rows(layer.weight), stored)
+    torch.testing.assert_close(lanes.prompt_logits(PROMPTS), rows.prompt_logits(PROMPTS), rtol=0, atol=0)
+    online = Runner(src, quantization="mxfp4")  # online quantization adopts it too
+    assert any(getattr(m, "weight_layout", None) == "lanes" for m in online.model.modules())

@@ -73,7 +73,7 @@ MX_SIG = {
     "w_ptr": "*i32", "s_ptr": "*u8", "x_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
     "N": "i32", "M": "i32", "stride_xm": "i32", "stride_om": "i32",
     **{name: "constexpr" for name in ("K", "K_SPLIT", "SPLIT_K", "HAS_BIAS", "BLOCK_N", "BLOCK_M", "BLOCK_K", "GROUP",
-                                       "EXACT", "SHIFT", "EVEN_N", "EVEN_K")},
+                                       "EXACT", "SHIFT", "EVEN_N", "EVEN_K", "LANES")},
 }
 
 
@@ -149,15 +149,17 @@ def small_m_cases():
 
 def small_m_ring_cases():
     """The small-M kernel with its loads as asynchronous copies (Gluon), as ``gluon_small_m.launch_ring`` launches
-    it for N = K = 8192: 8-wide MMA (up to 8 tokens) and 16-wide, 2 stages, one warpgroup and two."""
+    it for N = K = 8192: 8-wide MMA (up to 8 tokens) and 16-wide, 2 stages, one warpgroup and two; weights in the
+    checkpoint's byte order and in the "lanes" one."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from atom_kernels.ops.mxfp4_mm.gluon_small_m import MAX_REGISTERS, _mxfp4_small_m_ring_kernel
 
     signature = {name: kind for name, kind in SMALL_M_SIG.items() if kind != "constexpr"}
-    for name, block_m, warps in (("m8", 8, 4), ("m16", 16, 4), ("m16_w8", 16, 8)):
+    for name, block_m, warps, lanes in (("m8", 8, 4, False), ("m16", 16, 4, False), ("m16_w8", 16, 8, False),
+                                        ("lanes_m8", 8, 4, True), ("lanes_m16", 16, 4, True)):
         constexprs = dict(K=8192, K_SPLIT=2048, SPLIT_K=4, HAS_BIAS=True, BLOCK_N=16 * warps, BLOCK_M=block_m,
-                          BLOCK_K=256, STAGES=2, SHIFT=32, EVEN_N=True)
+                          BLOCK_K=256, STAGES=2, SHIFT=32, EVEN_N=True, LANES=lanes)
         sig = dict(signature, **{name: "constexpr" for name in constexprs})
         names = list(sig)
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in
@@ -195,13 +197,14 @@ def cases():
                                                                       g["num_stages"]))
         cfg = MX_CONFIGS[shape_class]
         split = 2 if cfg["split_k"] == "auto" else 1
-        constexprs = dict(K=8192, K_SPLIT=8192 // split, SPLIT_K=split, HAS_BIAS=False, BLOCK_N=cfg["block_n"],
-                          BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], GROUP=cfg["group"], EXACT=False, SHIFT=32,
-                          EVEN_N=True, EVEN_K=True)
-        yield f"mxfp4_{shape_class}", (
-            lambda c=constexprs, g=cfg: compile_sm90(_mxfp4_mm_kernel, MX_SIG, c, ["w_ptr", "s_ptr", "x_ptr", "out_ptr",
-                                                                                   "ws_ptr", "stride_xm", "stride_om", "N"],
-                                                     g["num_warps"], g["num_stages"]))
+        for lanes in (False, True):
+            constexprs = dict(K=8192, K_SPLIT=8192 // split, SPLIT_K=split, HAS_BIAS=False, BLOCK_N=cfg["block_n"],
+                              BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], GROUP=cfg["group"], EXACT=False, SHIFT=32,
+                              EVEN_N=True, EVEN_K=True, LANES=lanes)
+            yield f"mxfp4_{shape_class}{'_lanes' if lanes else ''}", (
+                lambda c=constexprs, g=cfg: compile_sm90(_mxfp4_mm_kernel, MX_SIG, c, ["w_ptr", "s_ptr", "x_ptr", "out_ptr",
+                                                                                       "ws_ptr", "stride_xm", "stride_om", "N"],
+                                                         g["num_warps"], g["num_stages"]))
 
 
 if __name__ == "__main__":

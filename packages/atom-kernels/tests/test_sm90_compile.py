@@ -108,3 +108,20 @@ def test_mxfp4_small_m_ring_kernel_compiles(compiled, name):
     assert not stores, stores
     plain_loads = {op: n for op, n in loop.items() if op.startswith("LDG.E") and "STRONG" not in op}
     assert not plain_loads, plain_loads  # (the split-K reduction's .cg partial loads read as STRONG.GPU)
+
+
+@pytest.mark.parametrize("name", ["small_m_ring_lanes_m8", "small_m_ring_lanes_m16"])
+def test_mxfp4_small_m_ring_kernel_reads_lanes_layout(compiled, name):
+    """With weights in the "lanes" byte order the activations are copied in natural K order, 16 bytes at a time
+    (2 per thread and step at 8 tokens, 4 at 16, plus the 4 weight runs), leaving one 4-byte copy (the scales);
+    each thread reads the 4 scale groups of its row blocks (LDS.32) and builds the multipliers in registers: still
+    no shared-memory store, no shuffle and no spill in the loop."""
+    case = _ok(compiled, name)
+    loop = case["loop_sass"]
+    assert case["spill_bytes"] == 0 and case["registers"] <= 128, case
+    runs = 4 + (2 if name.endswith("m8") else 4)
+    assert loop.get("LDGSTS.E.BYPASS.128", 0) == runs and loop.get("LDGSTS.E", 0) == 1, sorted(loop.items())
+    assert loop.get("PRMT", 0) >= 64 and loop.get("HMUL2.BF16_V2", 0) >= 64, sorted(loop)
+    assert any(op.startswith("HGMMA") for op in loop), sorted(loop)
+    moved = {op: n for op, n in loop.items() if op.startswith(("STS", "STSM", "SHFL"))}
+    assert not moved, moved

@@ -126,6 +126,42 @@ def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     return (values * factor).to(dtype)
 
 
+MXFP4_LAYOUTS = ("rows", "lanes")
+LANES_BLOCK = 128  # codes per block of the "lanes" layout (64 bytes, 4 scale groups)
+
+
+def _lane_blocks(packed: torch.Tensor) -> torch.Tensor:
+    k = packed.shape[-1] * 2
+    if k % LANES_BLOCK:
+        raise ValueError(f"the MXFP4 'lanes' layout needs K to be a multiple of {LANES_BLOCK}, got K={k}")
+    return packed.reshape(*packed.shape[:-1], k // LANES_BLOCK, 4, 4, 4)
+
+
+def mxfp4_rows_to_lanes(packed: torch.Tensor) -> torch.Tensor:
+    """Checkpoint layout (``"rows"``: codes in K order, two per byte) -> ``"lanes"``: inside each 64-byte block
+    of 128 codes, byte ``16 t + 4 j + p`` holds the byte ``16 j + 4 p + t`` of the checkpoint (t, j, p in 0..3).
+
+    Why: the small-M MMA kernel's thread ``t`` of a row reads 16 bytes and decodes its word ``j``, byte ``p``
+    into MMA K position ``32 j + 8 p + 2 t``; in this layout that position is the code's own K, so the
+    activations are copied in their natural order (``ops/mxfp4_mm/gluon_small_m.py``).  Same bytes, same
+    scales (word ``j`` of every thread lies in scale group ``j`` of the block); needs K % 128 == 0."""
+    blocks = _lane_blocks(packed)  # [..., block, j, p, t]
+    return blocks.permute(*range(blocks.dim() - 3), -1, -3, -2).reshape(packed.shape).contiguous()
+
+
+def mxfp4_lanes_to_rows(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``mxfp4_rows_to_lanes``."""
+    blocks = _lane_blocks(packed)  # [..., block, t, j, p]
+    return blocks.permute(*range(blocks.dim() - 3), -2, -1, -3).reshape(packed.shape).contiguous()
+
+
+def mxfp4_in_rows(packed: torch.Tensor, layout: str) -> torch.Tensor:
+    """``packed`` in the checkpoint layout, whatever ``layout`` (one of ``MXFP4_LAYOUTS``) it is in."""
+    if layout not in MXFP4_LAYOUTS:
+        raise ValueError(f"unknown MXFP4 layout {layout!r}; known: {', '.join(MXFP4_LAYOUTS)}")
+    return mxfp4_lanes_to_rows(packed) if layout == "lanes" else packed
+
+
 def mxfp4_scale_exponents(amax: torch.Tensor) -> torch.Tensor:
     """The e8m0 exponent (unbiased) of each group: ``floor(log2(amax)) - 2`` puts the largest element
     in [4, 8); when it would round past 6 (``>= 7``) the exponent goes up by one instead of clipping."""

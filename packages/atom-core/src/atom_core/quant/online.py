@@ -22,7 +22,7 @@ import torch
 from atom_core.errors import UnsupportedQuantizationError
 from atom_core.quant.base import LinearMethod, QuantConfig, UnquantizedLinearMethod, register_scheme
 from atom_core.quant.fp8 import Fp8BlockLinearMethod, Fp8ChannelLinearMethod, replace_param
-from atom_core.quant.mxfp4 import MX_GROUP, Mxfp4LinearMethod, check_scale_range
+from atom_core.quant.mxfp4 import MX_GROUP, Mxfp4LinearMethod, adopt_kernel_layout, check_scale_range
 
 if TYPE_CHECKING:
     from atom_core.layers.linear import LinearBase
@@ -53,6 +53,7 @@ def _mxfp4(layer: LinearBase, w: torch.Tensor) -> None:
     check_scale_range(layer.prefix, scales)
     replace_param(layer, "weight", packed)
     replace_param(layer, "weight_scale", scales)
+    adopt_kernel_layout(layer)
 
 
 # scheme -> (how to quantize a loaded weight, the method that runs the result)

@@ -22,8 +22,8 @@ import torch
 
 from atom_kernels import formats, mxfp4_mm
 from atom_kernels.bench.timing import measure
+from atom_kernels.ops.mxfp4_mm import preferred_layout, triton_small_m
 from atom_kernels.ops.mxfp4_mm import triton as mma_triton
-from atom_kernels.ops.mxfp4_mm import triton_small_m
 
 SHAPES = {"8192x8192": (8192, 8192), "moe-gpt-oss-w13": (5760, 2880)}  # (N, K)
 TOKENS = (1, 4, 16)
@@ -73,26 +73,32 @@ def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True)
     ref = x.float() @ formats.dequantize_mxfp4(wp, ws).t()
     pairs = [(wp, ws)] + [(wp.clone(), ws.clone()) for _ in range(_copies(wp.numel() + ws.numel()) - 1)]
     nbytes = wp.numel() + ws.numel() + m * k * 2 + m * n * 2
-    candidates = [("atom-triton", None)]
+    # The default row runs the op as a layer does by default (the checkpoint's byte order); where the decode
+    # kernel reads the opt-in "lanes" order (ATOM_MXFP4_LAYOUT=lanes), a row for that too.
+    lanes = preferred_layout(n, k, x.device) == "lanes"
+    candidates = [("atom-triton", None)] + ([("atom-triton lanes-layout", None)] if lanes else [])
     if sweep:
         candidates += [("small-m sweep", cfg) for cfg in triton_small_m.SWEEP if cfg]  # {} is the default
         candidates += [("mma sweep", cfg) for cfg in mma_triton.SWEEP]
     for impl, cfg in candidates:
-        row = {**base, "impl": impl, "config": json.dumps(cfg) if cfg is not None else "default"}
+        row_layout = "lanes" if impl == "atom-triton lanes-layout" else "rows"
+        row = {**base, "impl": impl, "config": json.dumps(cfg) if cfg is not None else "default", "layout": row_layout}
+        row_pairs = [(formats.mxfp4_rows_to_lanes(a), b) for a, b in pairs] if row_layout == "lanes" else pairs
         if cfg is None or cfg.get("kernel", "small_m") == "small_m":
             row["plan"] = json.dumps({key: v for key, v in triton_small_m.plan(m, n, k, x.device, cfg).items()
                                       if key in ("mma", "block_n", "block_k", "split", "reduce", "num_warps",
                                                  "num_stages", "loads", "stages")})
         try:
-            row["rel_err"] = _rel_err(mxfp4_mm.call_backend("triton", x, wp, ws, None, config=cfg), ref)
+            row["rel_err"] = _rel_err(mxfp4_mm.call_backend("triton", x, *row_pairs[0], None, config=cfg,
+                                                            layout=row_layout), ref)
         except Exception as err:
             rows.append({**row, "error": f"{type(err).__name__}: {err}"[:300]})
             continue
-        cycle = itertools.cycle(pairs)
+        cycle = itertools.cycle(row_pairs)
 
-        def fn(cfg=cfg, cycle=cycle):
+        def fn(cfg=cfg, cycle=cycle, layout=row_layout):
             b, s = next(cycle)
-            return mxfp4_mm.call_backend("triton", x, b, s, None, config=cfg)
+            return mxfp4_mm.call_backend("triton", x, b, s, None, config=cfg, layout=layout)
 
         rows.append(_timed(fn, row, nbytes, ctx))
     return rows

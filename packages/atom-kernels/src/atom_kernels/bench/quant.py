@@ -23,6 +23,7 @@ import torch
 from atom_kernels import formats, fp8_block_mm, fp8_scaled_mm, mxfp4_mm, quant_fp8
 from atom_kernels.bench.timing import measure
 from atom_kernels.ops import fp8_gemm
+from atom_kernels.ops.mxfp4_mm import preferred_layout
 from atom_kernels.ops.mxfp4_mm import triton as mxfp4_triton
 
 TOKENS = (1, 16, 256, 4096)
@@ -146,6 +147,12 @@ def _gemm_rows(case: _Case, sweep: bool) -> list[dict]:
     mx_bytes = wp.numel() + wsx.numel()
     rows.append(case.row("mxfp4", "atom-triton", _rotating(
         lambda b, bs: mxfp4_mm.call_backend("triton", x, b, bs), copies), mx_bytes, m * k * 2, False))
+    if preferred_layout(n, k, x.device) == "lanes":  # the opt-in byte order (ATOM_MXFP4_LAYOUT=lanes)
+        lanes = [(formats.mxfp4_rows_to_lanes(b), bs) for b, bs in copies]
+        rows.append(case.row("mxfp4", "atom-triton lanes-layout", _rotating(
+            lambda b, bs: mxfp4_mm.call_backend("triton", x, b, bs, layout="lanes"), lanes), mx_bytes, m * k * 2,
+            False))
+        del lanes
     rows.append(case.row("mxfp4", "torch dequant+matmul", lambda: x @ formats.dequantize_mxfp4(wp, wsx, bf16).t(),
                          mx_bytes, m * k * 2, False))
     if sweep:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from atom_kernels.formats import dequantize_mxfp4
+from atom_kernels.formats import dequantize_mxfp4, mxfp4_in_rows
 
 
-def mxfp4_mm(x, w, w_scale, bias=None):
-    out = x.float() @ dequantize_mxfp4(w, w_scale).t()
+def mxfp4_mm(x, w, w_scale, bias=None, layout="rows"):
+    out = x.float() @ dequantize_mxfp4(mxfp4_in_rows(w, layout), w_scale).t()
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)

@@ -18,6 +18,12 @@ needed; the activation tile is loaded in natural order and permuted the same way
 orders were chosen by compiling for sm_90 and counting SASS: ~4.4 instructions per weight element in
 the decode loop, no shared-memory round trip for the weights.)
 
+Weights in the ``"lanes"`` byte order (``formats.mxfp4_rows_to_lanes``, opt-in for the sm_90 small-M kernel) are
+read here too: a scale group's 4 words sit 16 bytes apart in its 128-code block and hold the group's 4
+checkpoint words transposed byte by byte, so they are loaded 4 bytes at a time and transposed back with 8
+``prmt`` (``lanes_words_to_rows``); the rest is unchanged.  Measured on an H200 (N=K=8192): 10-45% slower than
+the checkpoint order at 17-1024 tokens, 5% at 4096 (``bench/results/2026-12-01T0300-h200``).
+
 In Triton 3.6's CPU interpreter bf16 arithmetic and bf16 ``tl.dot`` operate on the raw 16-bit
 integers, so there (``EXACT``) the same decoded values are scaled and multiplied in fp32.  The bf16
 path (the GPU path) is covered by the GPU tests.
@@ -33,10 +39,10 @@ import triton
 import triton.language as tl
 
 from atom_kernels.dispatch import triton_interpreting
-from atom_kernels.formats import MX_GROUP
+from atom_kernels.formats import MX_GROUP, MXFP4_LAYOUTS
 from atom_kernels.ops._triton_common import grouped_tile
 from atom_kernels.ops.gemm_common import pick_split_k, reduce_splits
-from atom_kernels.ops.mxfp4_mm.triton_small_m import SMALL_M_MAX, mxfp4_mm_small_m
+from atom_kernels.ops.mxfp4_mm.triton_small_m import SMALL_M_MAX, mxfp4_mm_small_m, ring_serves
 
 # The decoded weights carry a factor 2**-SHIFT so every scale from 2**-93 to 2**33 stays a normal bf16.
 _SHIFT = 32
@@ -71,7 +77,9 @@ def shape_class(m: int) -> str:
     return "large"
 
 
-def unsupported(x, w, w_scale, bias=None) -> str | None:
+def unsupported(x, w, w_scale, bias=None, layout="rows") -> str | None:
+    if layout not in MXFP4_LAYOUTS or (layout == "lanes" and x.shape[-1] % 128):
+        return f"layout {layout!r} with K={x.shape[-1]}"  # the reference raises the error
     if x.dim() != 2 or w.dim() != 2 or w_scale.dim() != 2:
         return "mxfp4_mm takes 2-D x, w and w_scale"
     m, k = x.shape
@@ -131,13 +139,52 @@ def to_mma_order(x, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
     return tl.reshape(tl.permute(tl.join(x_j4, x_j), (0, 1, 2, 3, 5, 4)), (BLOCK_K, BLOCK_M))
 
 
+_BYTE_TRANSPOSE_ASM = tl.constexpr("""
+{
+.reg .b32 l01, h01, l23, h23;
+prmt.b32 l01, $4, $5, 0x5140;
+prmt.b32 h01, $4, $5, 0x7362;
+prmt.b32 l23, $6, $7, 0x5140;
+prmt.b32 h23, $6, $7, 0x7362;
+prmt.b32 $0, l01, l23, 0x5410;
+prmt.b32 $1, l01, l23, 0x7632;
+prmt.b32 $2, h01, h23, 0x5410;
+prmt.b32 $3, h01, h23, 0x7632;
+}
+""")
+
+
+@triton.jit
+def _byte(w, i: tl.constexpr):
+    return (w >> (8 * i)) & 0xFF
+
+
+@triton.jit
+def lanes_words_to_rows(words, EXACT: tl.constexpr):
+    """Words ``[..., 4]`` of one scale group in the ``"lanes"`` layout (word ``t`` holds byte ``t`` of each of the
+    group's 4 checkpoint words) -> the group's 4 checkpoint words: a 4 x 4 byte transpose (8 ``prmt`` on a GPU)."""
+    pair0, pair1 = tl.split(tl.reshape(words, words.shape[:-1] + [2, 2]))  # words 0, 2 and 1, 3
+    w0, w2 = tl.split(pair0)
+    w1, w3 = tl.split(pair1)
+    if EXACT:  # the interpreter has no inline PTX
+        r0 = _byte(w0, 0) | _byte(w1, 0) << 8 | _byte(w2, 0) << 16 | _byte(w3, 0) << 24
+        r1 = _byte(w0, 1) | _byte(w1, 1) << 8 | _byte(w2, 1) << 16 | _byte(w3, 1) << 24
+        r2 = _byte(w0, 2) | _byte(w1, 2) << 8 | _byte(w2, 2) << 16 | _byte(w3, 2) << 24
+        r3 = _byte(w0, 3) | _byte(w1, 3) << 8 | _byte(w2, 3) << 16 | _byte(w3, 3) << 24
+    else:
+        r0, r1, r2, r3 = tl.inline_asm_elementwise(_BYTE_TRANSPOSE_ASM, "=r,=r,=r,=r,r,r,r,r", [w0, w1, w2, w3],
+                                                   dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True,
+                                                   pack=1)
+    return tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), words.shape)
+
+
 @triton.jit
 def _mxfp4_mm_kernel(
     w_ptr, s_ptr, x_ptr, out_ptr, ws_ptr, bias_ptr,
     N, M, stride_xm, stride_om,
     K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-    EXACT: tl.constexpr, SHIFT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    EXACT: tl.constexpr, SHIFT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, LANES: tl.constexpr,
 ):
     G: tl.constexpr = BLOCK_K // 32
     pid = tl.program_id(0)
@@ -159,13 +206,18 @@ def _mxfp4_mm_kernel(
         k0 = pid_k * K_SPLIT + step
         g = k0 // 32 + groups  # scale groups of this step
         mask_g = g < K // 32
+        if LANES:  # group g's bytes sit in word g % 4 of the 4 lane runs of its 128-code block
+            word_off = (g // 4 * 16 + g % 4)[None, :, None] + 4 * word_in_group[None, None, :]
+        else:
+            word_off = g[None, :, None] * 4 + word_in_group[None, None, :]
         if EVEN_N and EVEN_K:  # no masks: the common shapes stream the weight unpredicated
-            words = tl.load(w_rows + (g[None, :, None] * 4 + word_in_group[None, None, :]))
+            words = tl.load(w_rows + word_off)
             e = tl.load(s_rows + g[None, :])
         else:
-            words = tl.load(w_rows + (g[None, :, None] * 4 + word_in_group[None, None, :]),
-                            mask=mask_n[:, None, None] & mask_g[None, :, None], other=0)
+            words = tl.load(w_rows + word_off, mask=mask_n[:, None, None] & mask_g[None, :, None], other=0)
             e = tl.load(s_rows + g[None, :], mask=mask_n[:, None] & mask_g[None, :], other=0)
+        if LANES:
+            words = lanes_words_to_rows(words, EXACT)
         w_tile = decode_mxfp4_tile(words, e, BLOCK_N, BLOCK_K, EXACT, SHIFT)
         k = k0 + kk
         if EVEN_K:
@@ -189,22 +241,27 @@ def _mxfp4_mm_kernel(
 
 
 def mxfp4_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
-             config: dict | None = None) -> torch.Tensor:
+             config: dict | None = None, layout: str = "rows") -> torch.Tensor:
     """``config`` overrides the configuration; its ``"kernel"`` (``"small_m"`` or ``"mma"``) picks the
-    kernel, by default the small-M kernel up to ``SMALL_M_MAX`` tokens."""
+    kernel, by default the small-M kernel up to ``SMALL_M_MAX`` tokens (for ``"lanes"`` weights only where its
+    sm_90 ring variant runs; the warpgroup-MMA kernel reads both layouts)."""
     m, k = x.shape
     n = w.shape[0]
+    if layout not in MXFP4_LAYOUTS:
+        raise ValueError(f"unknown MXFP4 layout {layout!r}; known: {', '.join(MXFP4_LAYOUTS)}")
     if x.stride(1) != 1:  # the kernels read a row's K as consecutive elements
         x = x.contiguous()
     config = dict(config or {})
     kernel = config.pop("kernel", "small_m" if m <= SMALL_M_MAX else "mma")
-    if kernel == "small_m":
-        return mxfp4_mm_small_m(x, w, w_scale, bias, config)
+    if kernel == "small_m" and (layout == "rows" or ring_serves(x, n, config)):
+        return mxfp4_mm_small_m(x, w, w_scale, bias, config, layout=layout)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = dict(CONFIGS[shape_class(m)], **config)
+    cfg = dict(CONFIGS[shape_class(m)], **{key: v for key, v in config.items() if key in CONFIGS["decode"]})
     block_k = cfg["block_k"]
+    if layout == "lanes" and block_k % 128:
+        raise ValueError(f"weights in the 'lanes' layout need K steps of whole 128-code blocks, got block_k={block_k}")
     tiles = triton.cdiv(n, cfg["block_n"]) * triton.cdiv(m, cfg["block_m"])
     k_iters = triton.cdiv(k, block_k)
     split = cfg["split_k"]
@@ -220,7 +277,7 @@ def mxfp4_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torc
         K=k, K_SPLIT=k_split, SPLIT_K=split, HAS_BIAS=bias is not None,
         BLOCK_N=cfg["block_n"], BLOCK_M=cfg["block_m"], BLOCK_K=block_k, GROUP=cfg["group"],
         EXACT=triton_interpreting(), SHIFT=_SHIFT, EVEN_N=n % cfg["block_n"] == 0, EVEN_K=k_split * split == k,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        LANES=layout == "lanes", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split > 1:
         reduce_splits(ws, out, bias)

@@ -433,11 +433,33 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg))
 
 
+def _ring_capability(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability the ring kernel may run on (None off the GPU, in the interpreter, or with a Triton
+    other than ``RING_TRITON``)."""
+    if device.type != "cuda" or triton_interpreting() or not triton.__version__.startswith(RING_TRITON):
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def ring_serves(x: torch.Tensor, n: int, config: dict | None = None) -> bool:
+    """Whether a call with activations ``x`` and ``n`` output features runs the ring kernel."""
+    m, k = x.shape
+    return ring_applies(plan(m, n, k, x.device, config), k, x.stride(0), x.data_ptr(), _ring_capability(x.device))
+
+
+def lanes_serve(n: int, k: int, device: torch.device) -> bool:
+    """Whether decode-sized calls of an ``[n, k]`` weight on ``device`` run the ring kernel (K-contiguous,
+    4-byte aligned activations), the one that reads the ``"lanes"`` layout faster."""
+    device = torch.device(device)
+    return ring_applies(plan(SMALL_M_MAX, n, k, device), k, k, 0, _ring_capability(device))
+
+
 def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
                      config: dict | None = None, out: torch.Tensor | None = None,
-                     workspace: torch.Tensor | None = None) -> torch.Tensor:
+                     workspace: torch.Tensor | None = None, layout: str = "rows") -> torch.Tensor:
     """``x [M <= 16, K] @ dequant(w, w_scale).T (+ bias)``; ``out`` and ``workspace`` (fp32, at least
-    ``split * M * N``) may be given (the tests pass poisoned ones)."""
+    ``split * M * N``) may be given (the tests pass poisoned ones).  Weights in the ``"lanes"`` layout are read by
+    the ring kernel only (``ring_serves``; ``triton.mxfp4_mm`` sends other calls to the warpgroup-MMA kernel)."""
     m, k = x.shape
     n = w.shape[0]
     if m > SMALL_M_MAX:
@@ -454,12 +476,12 @@ def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bi
     locks = _locks(x.device, p["tiles"]) if split > 1 and reduce_in_kernel else None
     if split > 1 and workspace is None:
         workspace = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    capability = (torch.cuda.get_device_capability(x.device) if x.is_cuda and not triton_interpreting()
-                  and triton.__version__.startswith(RING_TRITON) else None)
-    if ring_applies(p, k, x.stride(0), x.data_ptr(), capability):
+    if ring_applies(p, k, x.stride(0), x.data_ptr(), _ring_capability(x.device)):
         from atom_kernels.ops.mxfp4_mm.gluon_small_m import launch_ring  # Gluon: sm_90 only, imported on use
 
-        launch_ring(x, w, w_scale, out, workspace, locks, bias, p, _SHIFT)
+        launch_ring(x, w, w_scale, out, workspace, locks, bias, p, _SHIFT, lanes=layout == "lanes")
+    elif layout != "rows":
+        raise ValueError(f"the register-load small-M kernel reads the 'rows' layout, not {layout!r}")
     else:
         _mxfp4_small_m_kernel[(p["tiles"], split)](
             w.view(torch.int32), w_scale.view(torch.uint8), x, out, workspace if split > 1 else out,

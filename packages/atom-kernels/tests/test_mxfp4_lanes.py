@@ -1,0 +1,125 @@
+"""MXFP4 weights in the "lanes" byte order (``formats.mxfp4_rows_to_lanes``), which the sm_90 small-M ring
+kernel decodes with its activations in natural K order: the permutation itself, the op's backends reading it
+(the warpgroup-MMA kernel through the interpreter on CPU; the ring kernel on an H200), and the errors."""
+
+import pytest
+import torch
+from helpers import assert_close, assert_graph_capturable, randn
+
+from atom_kernels import formats, mxfp4_mm
+from atom_kernels.ops.mxfp4_mm import preferred_layout
+from atom_kernels.ops.mxfp4_mm import triton_small_m as small
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _weight(n, k, gen):
+    w = randn(n, k, gen=gen, scale=0.05) * torch.rand(n, 1, generator=gen) * 4
+    return formats.quantize_mxfp4(w)
+
+
+def test_lanes_permutation():
+    """Inside each 64-byte block, byte ``16 t + 4 j + p`` of the lanes layout is byte ``16 j + 4 p + t`` of the
+    checkpoint's; the inverse restores it; the scale group of every byte is kept within its block."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 256, (3, 2, 192), generator=gen, dtype=torch.uint8)  # K = 384: 3 blocks
+    lanes = formats.mxfp4_rows_to_lanes(rows)
+    assert lanes.shape == rows.shape and not torch.equal(lanes, rows)
+    for block in range(3):
+        for t in range(4):
+            for j in range(4):
+                for p in range(4):
+                    assert torch.equal(lanes[..., 64 * block + 16 * t + 4 * j + p], rows[..., 64 * block + 16 * j + 4 * p + t])
+    assert torch.equal(formats.mxfp4_lanes_to_rows(lanes), rows)
+    assert torch.equal(formats.mxfp4_in_rows(lanes, "lanes"), rows) and formats.mxfp4_in_rows(rows, "rows") is rows
+
+
+def test_lanes_errors():
+    """K not a multiple of 128, or an unknown layout name: a clear error from the op, never a silent result."""
+    with pytest.raises(ValueError, match="multiple of 128"):
+        formats.mxfp4_rows_to_lanes(torch.zeros(4, 48, dtype=torch.uint8))  # K = 96
+    w, s = _weight(64, 96, torch.Generator().manual_seed(1))
+    x = torch.randn(2, 96)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        mxfp4_mm(x, w, s, layout="lanes")
+    with pytest.raises(ValueError, match="unknown MXFP4 layout"):
+        mxfp4_mm(x, w, s, layout="columns")
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (5, 100, 384), (17, 64, 512), (40, 130, 1024)])
+def test_lanes_through_the_op(device, rng, m, n, k):
+    """The op's Triton backend on lanes weights equals the reference on the checkpoint's (the warpgroup-MMA
+    kernel reads lanes above 16 tokens and wherever the ring kernel does not run: CPU, K = 384); bias, ragged N."""
+    w, s = _weight(n, k, rng)
+    lanes = formats.mxfp4_rows_to_lanes(w)
+    bias = randn(n, gen=rng) if m % 2 else None
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    x = randn(m, k, gen=rng, dtype=dtype)
+    ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
+    assert torch.equal(mxfp4_mm.call_backend("reference", x, lanes, s, bias, layout="lanes"), ref)
+    out = mxfp4_mm.call_backend("triton", x.to(device), lanes.to(device), s.to(device),
+                                bias.to(device) if bias is not None else None, layout="lanes")
+    assert_close(out.cpu(), ref, dtype)
+
+
+def test_preferred_layout_off_sm90():
+    """Rows wherever the ring kernel cannot run (here: the CPU), lanes never for K % 128 != 0."""
+    assert preferred_layout(8192, 8192, "cpu") == "rows"
+    assert not small.lanes_serve(8192, 2880, torch.device("cpu"))
+
+
+RING_LANES_CASES = [  # (m, n, k, config)
+    (1, 8192, 8192, {}),
+    (16, 8192, 8192, {}),
+    (3, 1000, 4096, {"split_k": 2}),  # ragged N
+    (9, 320, 2048, {"split_k": 1}),
+    (8, 192, 4096, {"block_n": 128, "block_k": 512, "split_k": 2}),
+    (5, 300, 2048, {"num_warps": 8, "block_n": 128, "split_k": 2}),  # two warpgroups
+]
+
+
+@pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+@pytest.mark.parametrize("m,n,k,config", RING_LANES_CASES)
+def test_ring_kernel_reads_lanes(rng, m, n, k, config):
+    """The ring kernel on lanes weights (natural-order activations, 16-byte copies, rows past M zero-filled)
+    matches the reference, writing every output element (poisoned output and workspace)."""
+    w, s = _weight(n, k, rng)
+    lanes = formats.mxfp4_rows_to_lanes(w)
+    x = randn(m, k, gen=rng, dtype=torch.bfloat16)
+    bias = randn(n, gen=rng, dtype=torch.bfloat16) if m % 2 else None
+    p = small.plan(m, n, k, torch.device("cuda"), config)
+    assert small.ring_applies(p, k, x.stride(0), 0, torch.cuda.get_device_capability()), p
+    ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
+    out = torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda")
+    ws = torch.full((p["split"], m, n), float("nan"), dtype=torch.float32, device="cuda")
+    small.mxfp4_mm_small_m(x.cuda(), lanes.cuda(), s.cuda(), bias.cuda() if bias is not None else None, config,
+                           out=out, workspace=ws, layout="lanes")
+    assert_close(out.cpu(), ref, x.dtype)
+    assert preferred_layout(n, k, "cuda") == ("lanes" if k % 256 == 0 else "rows")
+
+
+@pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+def test_ring_kernel_lanes_every_code_and_scale_exact():
+    """All 16 codes at every K position and scales 2**-93 .. 2**33 through identity activations: exact."""
+    rng = torch.Generator().manual_seed(5)
+    n, k = 64, 512
+    codes = torch.randint(0, 16, (n, k), generator=rng, dtype=torch.uint8)
+    codes[:16, :] = (torch.arange(k)[None, :] + torch.arange(16)[:, None]) % 16
+    w = formats.pack_e2m1(codes)
+    s = torch.randint(34, 161, (n, k // 32), generator=rng, dtype=torch.uint8)
+    s[0, 0], s[1, -1] = 34, 160
+    dense = formats.dequantize_mxfp4(w, s)
+    lanes = formats.mxfp4_rows_to_lanes(w).cuda()
+    for first in range(0, k, 16):
+        x = torch.eye(k, dtype=torch.bfloat16)[first:first + 16]
+        out = small.mxfp4_mm_small_m(x.cuda(), lanes, s.cuda(), None, {"split_k": 1}, layout="lanes")
+        torch.testing.assert_close(out.cpu(), dense[:, first:first + 16].t().to(torch.bfloat16), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+def test_ring_kernel_lanes_cuda_graph_capturable(rng):
+    x = randn(5, 2048, dtype=torch.bfloat16, device="cuda", gen=rng)
+    w, s = _weight(384, 2048, rng)
+    lanes, s = formats.mxfp4_rows_to_lanes(w).cuda(), s.cuda()
+    bias = randn(384, dtype=torch.bfloat16, device="cuda", gen=rng)
+    assert_graph_capturable(lambda: mxfp4_mm(x, lanes, s, bias, layout="lanes"), x)
