@@ -231,12 +231,15 @@ def test_ring_applies_only_where_its_kernel_can_run():
 
 
 @pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+@pytest.mark.parametrize("layout", ["rows", "lanes"])
 @pytest.mark.parametrize("m,n,k,config", RING_CASES)
-def test_ring_kernel(rng, m, n, k, config):
+def test_ring_kernel(rng, m, n, k, config, layout):
     """Matches the reference (and runs the ring kernel, not the fallback), writing every output element
-    (poisoned output and workspace)."""
+    (poisoned output and workspace), with the weight in the checkpoint's byte order and in the "lanes" one
+    (natural-order activations, 16-byte copies, rows past M zero-filled)."""
     config = dict(config, loads="ring")
     w, s = _weight(n, k, rng)
+    stored = formats.mxfp4_rows_to_lanes(w) if layout == "lanes" else w
     x = randn(m, k, gen=rng, dtype=torch.bfloat16)
     bias = randn(n, gen=rng, dtype=torch.bfloat16) if m % 2 else None
     p = small.plan(m, n, k, torch.device("cuda"), config)
@@ -244,14 +247,16 @@ def test_ring_kernel(rng, m, n, k, config):
     ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
     out = torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda")
     ws = torch.full((p["split"], m, n), float("nan"), dtype=torch.float32, device="cuda")
-    small.mxfp4_mm_small_m(x.cuda(), w.cuda(), s.cuda(), bias.cuda() if bias is not None else None, config,
-                           out=out, workspace=ws)
+    small.mxfp4_mm_small_m(x.cuda(), stored.cuda(), s.cuda(), bias.cuda() if bias is not None else None, config,
+                           out=out, workspace=ws, layout=layout)
     assert_close(out.cpu(), ref, x.dtype)
 
 
 @pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
-def test_ring_kernel_every_code_and_scale_exact():
-    """All 16 codes at every K position and scales 2**-93 .. 2**33 through identity activations: exact."""
+@pytest.mark.parametrize("layout", ["rows", "lanes"])
+def test_ring_kernel_every_code_and_scale_exact(layout):
+    """All 16 codes at every K position and scales 2**-93 .. 2**33 through identity activations: exact, with the
+    weight in the checkpoint's byte order and in the "lanes" one (``formats.mxfp4_rows_to_lanes``)."""
     rng = torch.Generator().manual_seed(5)
     n, k = 64, 512
     codes = torch.randint(0, 16, (n, k), generator=rng, dtype=torch.uint8)
@@ -261,9 +266,10 @@ def test_ring_kernel_every_code_and_scale_exact():
     s[0, 0], s[1, -1] = 34, 160
     dense = formats.dequantize_mxfp4(w, s)
     config = {"loads": "ring", "split_k": 1}
+    stored = (formats.mxfp4_rows_to_lanes(w) if layout == "lanes" else w).cuda()
     for first in range(0, k, 16):
         x = torch.eye(k, dtype=torch.bfloat16)[first:first + 16]
-        out = small.mxfp4_mm_small_m(x.cuda(), w.cuda(), s.cuda(), None, config)
+        out = small.mxfp4_mm_small_m(x.cuda(), stored, s.cuda(), None, config, layout=layout)
         torch.testing.assert_close(out.cpu(), dense[:, first:first + 16].t().to(torch.bfloat16), rtol=0, atol=0)
 
 
