@@ -1,9 +1,16 @@
 """Timing-only study of the MXFP4 ring kernel (README.md here): GEXP=gexp.py python pipeline_study.py '[{}, {"natx": true}]'."""
-import sys, json, itertools, os, importlib.util as IU
+import importlib.util as IU
+import itertools
+import json
+import os
+import sys
+
 import torch
+
 from atom_kernels import formats
-from atom_kernels.ops.mxfp4_mm import triton_small_m as T
 from atom_kernels.bench.timing import measure
+from atom_kernels.ops.mxfp4_mm import triton_small_m as T
+
 sp = IU.spec_from_file_location("gexp", os.environ.get("GEXP", "gexp.py"))  # gluon_small_m.py + pipeline-study.patch
 G = IU.module_from_spec(sp)
 sp.loader.exec_module(G)
@@ -24,10 +31,13 @@ for m in (1, 16):
         wsp = torch.empty(p["split"], m, n, device=dev, dtype=torch.float32)
         locks = T._locks(dev, p["tiles"])
         cyc = itertools.cycle(pairs)
-        def fn():
+        def fn(x=x, out=out, wsp=wsp, locks=locks, p=p, v=v, cyc=cyc):
             b, s = next(cyc)
-            G.launch_ring(x, b, s, out, wsp, locks, None, p, T._SHIFT, cheap=v.get("cheap", False), natx=v.get("natx", False))
-        fn(); torch.cuda.synchronize()
+            G.launch_ring(x, b, s, out, wsp, locks, None, p, T._SHIFT, cheap=v.get("cheap", False),
+                          natx=v.get("natx", False))
+
+        fn()
+        torch.cuda.synchronize()
         err = ((out.float() - ref).norm() / ref.norm()).item()
         t = measure(fn)
         rows.append(dict(m=m, variant=v, split=p["split"], us=t["us"], rel_err=err))

@@ -1,9 +1,14 @@
 """Run 13 of the study (README.md here): correctness and timing of warp-specialized-parts.patch applied to the tree."""
-import sys, json, itertools, os
+import itertools
+import json
+import os
+
 import torch
+
 from atom_kernels import formats
-from atom_kernels.ops.mxfp4_mm import triton_small_m as T
 from atom_kernels.bench.timing import measure
+from atom_kernels.ops.mxfp4_mm import triton_small_m as T
+
 dev = torch.device("cuda")
 torch.manual_seed(0)
 rows = []
@@ -30,9 +35,10 @@ wp, ws = formats.quantize_mxfp4(w)
 pairs = [(wp, ws)] + [(wp.clone(), ws.clone()) for _ in range(3)]
 for m in (1, 16):
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    for cfg in ({}, {"parts": 4, "split_k": 1}, {"parts": 2, "split_k": 2}, {"parts": 4, "split_k": 2}, {"parts": 2, "split_k": 1}, {"parts": 4, "split_k": 1, "stages": 3}, {}):
+    for cfg in ({}, {"parts": 4, "split_k": 1}, {"parts": 2, "split_k": 2}, {"parts": 4, "split_k": 2},
+                {"parts": 2, "split_k": 1}, {"parts": 4, "split_k": 1, "stages": 3}, {}):
         cyc = itertools.cycle(pairs)
-        t = measure(lambda: T.mxfp4_mm_small_m(x, *next(cyc), config=cfg))
+        t = measure(lambda x=x, cyc=cyc, cfg=cfg: T.mxfp4_mm_small_m(x, *next(cyc), config=cfg))
         rows.append(dict(m=m, cfg=cfg, us=t["us"]))
         print(f"M={m:2d} {json.dumps(cfg):45s} {t['us']:7.2f} us", flush=True)
 json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), "parts.json"), "w"), indent=1)
