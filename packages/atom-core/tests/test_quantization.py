@@ -472,20 +472,22 @@ def test_tp2_quantized_checkpoints(quantized, tmp_path):
 
 
 def test_mxfp4_layers_adopt_the_lanes_layout(quantized, monkeypatch):
-    """With ``ATOM_MXFP4_LAYOUT=lanes`` and where atom_kernels' decode kernel reads the "lanes" byte order (sm_90:
-    never on CPU, so forced here), MXFP4 linear layers permute their weight at load and pass the layout to
+    """Where atom_kernels' MXFP4 kernels read the "lanes" byte order faster (``preferred_layout``: sm_90, never on
+    CPU, so forced here), MXFP4 linear layers permute their weight at load by default and pass the layout to
     ``mxfp4_mm``: same logits exactly (the reference backend reads both layouts), and the weights really moved.
-    Without the variable (the default) nothing moves; a wrong value is an error."""
+    ``ATOM_MXFP4_LAYOUT=rows`` keeps the checkpoint's order; a wrong value is an error."""
     from atom_kernels.ops import mxfp4_mm as op
 
     src, out = quantized("Qwen3ForCausalLM", "mxfp4", intermediate_size=256)
-    rows = Runner(out)
+    rows = Runner(out)  # on CPU the preferred layout is the checkpoint's
+    assert not any(getattr(m, "weight_layout", "rows") == "lanes" for m in rows.model.modules())
     monkeypatch.setattr(op, "preferred_layout", lambda n, k, device: "lanes" if k % 128 == 0 else "rows")
+    monkeypatch.setenv("ATOM_MXFP4_LAYOUT", "rows")
     assert not any(getattr(m, "weight_layout", "rows") == "lanes" for m in Runner(out).model.modules())
-    monkeypatch.setenv("ATOM_MXFP4_LAYOUT", "columns")
+    monkeypatch.setenv("ATOM_MXFP4_LAYOUT", "lanes")
     with pytest.raises(UnsupportedQuantizationError, match="ATOM_MXFP4_LAYOUT"):
         Runner(out)
-    monkeypatch.setenv("ATOM_MXFP4_LAYOUT", "lanes")
+    monkeypatch.delenv("ATOM_MXFP4_LAYOUT")
     lanes = Runner(out)
     layers = [(name, m) for name, m in lanes.model.named_modules() if getattr(m, "weight_layout", None) == "lanes"]
     assert any("down_proj" in name for name, _ in layers), "no layer with K % 128 == 0 took the lanes layout"

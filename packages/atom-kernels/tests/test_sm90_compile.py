@@ -60,6 +60,20 @@ def test_mxfp4_mm_compiles_to_bf16_wgmma(compiled, name):
         assert sass.get("STS.U16", 0) <= 2
 
 
+@pytest.mark.parametrize("shape_class", ["decode", "large"])
+def test_mxfp4_mm_reads_lanes_in_natural_order(compiled, shape_class):
+    """On "lanes" weights the warpgroup-MMA kernel decodes each byte into the pair its MMA lane holds, so the tile is in
+    natural K order: the activations go to the MMA as loaded (no ldmatrix/stmatrix permutation, no 2-byte stores in
+    the loop) and the loop is shorter than on the checkpoint's order (H200: 17 tokens 49 -> 31 us)."""
+    rows, lanes = _ok(compiled, f"mxfp4_{shape_class}"), _ok(compiled, f"mxfp4_{shape_class}_lanes")
+    loop = lanes["loop_sass"]
+    assert any(op.startswith("HGMMA") for op in loop) and loop.get("HMUL2.BF16_V2", 0) >= 16, sorted(loop)
+    moved = {op: n for op, n in loop.items() if op.startswith(("STSM", "LDSM"))}
+    assert not moved and loop.get("STS.U16", 0) <= 1, moved  # (one 2-byte store: the scale row, as on rows)
+    assert lanes["spill_bytes"] == 0
+    assert sum(loop.values()) < 0.95 * sum(rows["loop_sass"].values()), (sum(loop.values()), rows["loop_sass"])
+
+
 @pytest.mark.parametrize("name", [f"moe_{g}_{f}_{c}" for g in ("up", "down") for f in ("fp8", "mxfp4")
                                   for c in ("decode", "large")])
 def test_quantized_moe_kernels_compile_to_wgmma(compiled, name):

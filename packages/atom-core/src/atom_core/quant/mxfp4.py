@@ -75,26 +75,35 @@ class Mxfp4LinearMethod(LinearMethod):
         return flat_apply(x, lambda x2: mxfp4_mm(x2, layer.weight, layer.weight_scale, bias, layout=layout))
 
 
-LAYOUT_ENV = "ATOM_MXFP4_LAYOUT"  # "rows" (default) or "lanes": the byte order MXFP4 linear weights are kept in
+LAYOUT_ENV = "ATOM_MXFP4_LAYOUT"  # the byte order MXFP4 linear weights are kept in: a key of LAYOUT_CHOICES
+
+
+def _preferred(weight: torch.Tensor) -> str:
+    from atom_kernels.ops.mxfp4_mm import preferred_layout
+
+    return preferred_layout(weight.shape[0], weight.shape[1] * 2, weight.device)
+
+
+# ATOM_MXFP4_LAYOUT value -> the layout for a weight: the kernels' preference (default), or the checkpoint's order.
+LAYOUT_CHOICES = {"auto": _preferred, "rows": lambda weight: "rows"}
 
 
 def adopt_kernel_layout(layer: LinearBase) -> None:
-    """Keep ``layer.weight`` in the checkpoint's byte order (``"rows"``), or, when ``ATOM_MXFP4_LAYOUT=lanes``
-    asks for it and the decode kernel on the weight's device reads that order
-    (``atom_kernels.ops.mxfp4_mm.preferred_layout``: sm_90, K % 256 == 0), in ``"lanes"``: decode-sized GEMMs
-    get faster (H200, N=K=8192: 16 tokens 19.6 -> 17.6 us) but 17-1024 tokens 10-45% slower, hence opt-in.
-    ``layer.weight_layout`` says which, for ``apply``."""
-    from atom_kernels.formats import MXFP4_LAYOUTS, mxfp4_rows_to_lanes
-    from atom_kernels.ops.mxfp4_mm import preferred_layout
+    """Keep ``layer.weight`` in the byte order the MXFP4 kernels on its device read fastest
+    (``atom_kernels.ops.mxfp4_mm.preferred_layout``): ``"lanes"`` (bytes permuted inside each 128-code block) where
+    the sm_90 small-M ring kernel serves decode-sized calls (K % 256 == 0), the checkpoint's ``"rows"`` elsewhere.
+    On an H200 (N=K=8192) lanes is faster at every batch size but one token (16 tokens 19.9 -> 17.7 us, 17
+    tokens 49.1 -> 30.9, 4096 tokens 1988 -> 1157; 1 token 15.7 -> 16.3, within noise).  ``ATOM_MXFP4_LAYOUT=rows``
+    keeps the checkpoint's order.  ``layer.weight_layout`` says which, for ``apply``."""
+    from atom_kernels.formats import mxfp4_rows_to_lanes
 
-    wanted = os.environ.get(LAYOUT_ENV, "rows")
-    if wanted not in MXFP4_LAYOUTS:
-        raise UnsupportedQuantizationError(f"{LAYOUT_ENV}={wanted!r}: expected one of {', '.join(MXFP4_LAYOUTS)}")
+    wanted = os.environ.get(LAYOUT_ENV, "auto")
+    if wanted not in LAYOUT_CHOICES:
+        raise UnsupportedQuantizationError(f"{LAYOUT_ENV}={wanted!r}: expected one of {', '.join(LAYOUT_CHOICES)}")
     weight = layer.weight.data
-    layer.weight_layout = "rows"
-    if wanted == "lanes" and preferred_layout(weight.shape[0], weight.shape[1] * 2, weight.device) == "lanes":
+    layer.weight_layout = LAYOUT_CHOICES[wanted](weight)
+    if layer.weight_layout == "lanes":
         layer.weight.data = mxfp4_rows_to_lanes(weight)
-        layer.weight_layout = "lanes"
 
 
 def check_scale_range(prefix: str, scales: torch.Tensor) -> None:

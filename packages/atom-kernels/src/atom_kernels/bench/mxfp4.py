@@ -73,15 +73,14 @@ def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True)
     ref = x.float() @ formats.dequantize_mxfp4(wp, ws).t()
     pairs = [(wp, ws)] + [(wp.clone(), ws.clone()) for _ in range(_copies(wp.numel() + ws.numel()) - 1)]
     nbytes = wp.numel() + ws.numel() + m * k * 2 + m * n * 2
-    # The default row runs the op as a layer does by default (the checkpoint's byte order); where the decode
-    # kernel reads the opt-in "lanes" order (ATOM_MXFP4_LAYOUT=lanes), a row for that too.
-    lanes = preferred_layout(n, k, x.device) == "lanes"
-    candidates = [("atom-triton", None)] + ([("atom-triton lanes-layout", None)] if lanes else [])
+    # The default row runs the op as a layer does by default: weights in the byte order the kernels prefer on this
+    # device ("lanes" on sm_90 where K % 256 == 0); where that is not the checkpoint's, a row for the checkpoint's.
+    layout = preferred_layout(n, k, x.device)
+    candidates = [("atom-triton", None, layout)] + ([("atom-triton rows-layout", None, "rows")] if layout != "rows" else [])
     if sweep:
-        candidates += [("small-m sweep", cfg) for cfg in triton_small_m.SWEEP if cfg]  # {} is the default
-        candidates += [("mma sweep", cfg) for cfg in mma_triton.SWEEP]
-    for impl, cfg in candidates:
-        row_layout = "lanes" if impl == "atom-triton lanes-layout" else "rows"
+        candidates += [("small-m sweep", cfg, "rows") for cfg in triton_small_m.SWEEP if cfg]  # {} is the default
+        candidates += [("mma sweep", cfg, "rows") for cfg in mma_triton.SWEEP]
+    for impl, cfg, row_layout in candidates:
         row = {**base, "impl": impl, "config": json.dumps(cfg) if cfg is not None else "default", "layout": row_layout}
         row_pairs = [(formats.mxfp4_rows_to_lanes(a), b) for a, b in pairs] if row_layout == "lanes" else pairs
         if cfg is None or cfg.get("kernel", "small_m") == "small_m":

@@ -145,14 +145,14 @@ def _gemm_rows(case: _Case, sweep: bool) -> list[dict]:
     wp, wsx = formats.quantize_mxfp4(w)
     copies = [(wp, wsx)] + [(wp.clone(), wsx.clone()) for _ in range(_copies(wp.numel() + wsx.numel()) - 1)]
     mx_bytes = wp.numel() + wsx.numel()
-    rows.append(case.row("mxfp4", "atom-triton", _rotating(
-        lambda b, bs: mxfp4_mm.call_backend("triton", x, b, bs), copies), mx_bytes, m * k * 2, False))
-    if preferred_layout(n, k, x.device) == "lanes":  # the opt-in byte order (ATOM_MXFP4_LAYOUT=lanes)
-        lanes = [(formats.mxfp4_rows_to_lanes(b), bs) for b, bs in copies]
-        rows.append(case.row("mxfp4", "atom-triton lanes-layout", _rotating(
-            lambda b, bs: mxfp4_mm.call_backend("triton", x, b, bs, layout="lanes"), lanes), mx_bytes, m * k * 2,
-            False))
-        del lanes
+    layout = preferred_layout(n, k, x.device)  # the byte order MXFP4 layers keep on this device
+    layouts = {"atom-triton": layout, **({"atom-triton rows-layout": "rows"} if layout != "rows" else {})}
+    for impl, row_layout in layouts.items():
+        pairs = [(formats.mxfp4_rows_to_lanes(b), bs) for b, bs in copies] if row_layout == "lanes" else copies
+        rows.append(case.row("mxfp4", impl, _rotating(
+            lambda b, bs, lay=row_layout: mxfp4_mm.call_backend("triton", x, b, bs, layout=lay), pairs), mx_bytes,
+            m * k * 2, False, {"layout": row_layout}))
+        del pairs
     rows.append(case.row("mxfp4", "torch dequant+matmul", lambda: x @ formats.dequantize_mxfp4(wp, wsx, bf16).t(),
                          mx_bytes, m * k * 2, False))
     if sweep:

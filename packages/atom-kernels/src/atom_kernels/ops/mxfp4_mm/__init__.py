@@ -6,9 +6,9 @@
 * ``w``: ``[N, K/2]`` uint8, two e2m1 codes per byte, element ``2i`` in the low nibble (K a multiple
   of 32); ``w_scale``: ``[N, K/32]`` uint8 e8m0 scales (``2**(e-127)``), one per 32 elements of a row;
 * ``layout``: ``"rows"`` (the checkpoint's byte order, above) or ``"lanes"`` (the same bytes permuted inside each
-  128-code block, ``formats.mxfp4_rows_to_lanes``: the order the sm_90 small-M kernel decodes them in, so its
-  activations need no permutation; K a multiple of 128).  ``preferred_layout(n, k, device)`` says where lanes
-  is the faster one for decode-sized calls;
+  128-code block, ``formats.mxfp4_rows_to_lanes``: the order in which each MMA lane's decoded pairs are in natural K
+  order, so neither Triton kernel permutes its activations; K a multiple of 128).  ``preferred_layout(n, k,
+  device)`` says which one the kernels on ``device`` read faster;
 * ``out[m, n] = sum_k x[m, k] * e2m1(w[n, k]) * 2**(w_scale[n, k // 32] - 127) + bias[n]``, fp32
   accumulation, ``[M, N]`` in x's dtype.
 
@@ -23,10 +23,12 @@ mxfp4_mm = register_op("mxfp4_mm", __name__)
 
 
 def preferred_layout(n: int, k: int, device) -> str:
-    """``"lanes"`` where the sm_90 small-M kernel serves decode-sized calls of an ``[n, k]`` weight on ``device``
-    (it reads that layout faster: 16 tokens 19.6 -> 17.6 us at N=K=8192 on an H200), else ``"rows"``.  The
-    warpgroup-MMA kernel (above 16 tokens) reads lanes 10-45% slower than rows (17-1024 tokens), so layers keep
-    rows unless asked (``atom_core``'s ``ATOM_MXFP4_LAYOUT=lanes``)."""
+    """The byte order the Triton kernels read an ``[n, k]`` weight fastest in on ``device``: ``"lanes"`` where the
+    sm_90 small-M ring kernel serves decode-sized calls (K % 256 == 0 and the ring's other conditions), else
+    ``"rows"``.  Lanes is also the warpgroup-MMA kernel's natural order (above 16 tokens): H200, N=K=8192,
+    2026-12-01: 16 tokens 19.9 -> 17.7 us, 17 tokens 49.1 -> 30.9, 256 tokens 148 -> 91, 4096 tokens 1988 -> 1157
+    (``bench/results/2026-12-01T0510-h200``).  ``atom_core``'s MXFP4 layers keep weights in this order
+    (``ATOM_MXFP4_LAYOUT=rows`` keeps the checkpoint's)."""
     from atom_kernels.ops.mxfp4_mm.triton_small_m import lanes_serve
 
     return "lanes" if lanes_serve(n, k, device) else "rows"

@@ -18,11 +18,14 @@ needed; the activation tile is loaded in natural order and permuted the same way
 orders were chosen by compiling for sm_90 and counting SASS: ~4.4 instructions per weight element in
 the decode loop, no shared-memory round trip for the weights.)
 
-Weights in the ``"lanes"`` byte order (``formats.mxfp4_rows_to_lanes``, opt-in for the sm_90 small-M kernel) are
-read here too: a scale group's 4 words sit 16 bytes apart in its 128-code block and hold the group's 4
-checkpoint words transposed byte by byte, so they are loaded 4 bytes at a time and transposed back with 8
-``prmt`` (``lanes_words_to_rows``); the rest is unchanged.  Measured on an H200 (N=K=8192): 10-45% slower than
-the checkpoint order at 17-1024 tokens, 5% at 4096 (``bench/results/2026-12-01T0300-h200``).
+Weights in the ``"lanes"`` byte order (``formats.mxfp4_rows_to_lanes``) are this kernel's natural order: lane run
+``c`` (16 bytes) of a 128-code block holds word ``c`` of the block's 4 scale groups, and byte ``p`` of such a word
+is the pair of codes at K ``8 p + 2 c`` of its group, exactly the pairs MMA lane ``c`` of a quad holds in its
+register fragment.  So a run is one 16-byte load, each byte decodes to one bf16x2 pair (``decode_words``, the
+small-M kernel's ``prmt`` decode), the decoded tile is in natural K order and the activations are used as they
+are: no permutation through shared memory (sm_90 SASS of the loop: 322 instead of 433 instructions at 128x128
+tiles, no ``ldmatrix``/``stmatrix``).  H200, N=K=8192: 17 tokens 49.1 -> 30.9 us, 4096 tokens 1988 -> 1157
+(``bench/results/2026-12-01T0510-h200``).
 
 In Triton 3.6's CPU interpreter bf16 arithmetic and bf16 ``tl.dot`` operate on the raw 16-bit
 integers, so there (``EXACT``) the same decoded values are scaled and multiplied in fp32.  The bf16
@@ -42,7 +45,7 @@ from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.formats import MX_GROUP, MXFP4_LAYOUTS
 from atom_kernels.ops._triton_common import grouped_tile
 from atom_kernels.ops.gemm_common import pick_split_k, reduce_splits
-from atom_kernels.ops.mxfp4_mm.triton_small_m import SMALL_M_MAX, mxfp4_mm_small_m, ring_serves
+from atom_kernels.ops.mxfp4_mm.triton_small_m import SMALL_M_MAX, decode_words, mxfp4_mm_small_m, ring_serves
 
 # The decoded weights carry a factor 2**-SHIFT so every scale from 2**-93 to 2**33 stays a normal bf16.
 _SHIFT = 32
@@ -139,43 +142,18 @@ def to_mma_order(x, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
     return tl.reshape(tl.permute(tl.join(x_j4, x_j), (0, 1, 2, 3, 5, 4)), (BLOCK_K, BLOCK_M))
 
 
-_BYTE_TRANSPOSE_ASM = tl.constexpr("""
-{
-.reg .b32 l01, h01, l23, h23;
-prmt.b32 l01, $4, $5, 0x5140;
-prmt.b32 h01, $4, $5, 0x7362;
-prmt.b32 l23, $6, $7, 0x5140;
-prmt.b32 h23, $6, $7, 0x7362;
-prmt.b32 $0, l01, l23, 0x5410;
-prmt.b32 $1, l01, l23, 0x7632;
-prmt.b32 $2, h01, h23, 0x5410;
-prmt.b32 $3, h01, h23, 0x7632;
-}
-""")
-
-
 @triton.jit
-def _byte(w, i: tl.constexpr):
-    return (w >> (8 * i)) & 0xFF
-
-
-@triton.jit
-def lanes_words_to_rows(words, EXACT: tl.constexpr):
-    """Words ``[..., 4]`` of one scale group in the ``"lanes"`` layout (word ``t`` holds byte ``t`` of each of the
-    group's 4 checkpoint words) -> the group's 4 checkpoint words: a 4 x 4 byte transpose (8 ``prmt`` on a GPU)."""
-    pair0, pair1 = tl.split(tl.reshape(words, words.shape[:-1] + [2, 2]))  # words 0, 2 and 1, 3
-    w0, w2 = tl.split(pair0)
-    w1, w3 = tl.split(pair1)
-    if EXACT:  # the interpreter has no inline PTX
-        r0 = _byte(w0, 0) | _byte(w1, 0) << 8 | _byte(w2, 0) << 16 | _byte(w3, 0) << 24
-        r1 = _byte(w0, 1) | _byte(w1, 1) << 8 | _byte(w2, 1) << 16 | _byte(w3, 1) << 24
-        r2 = _byte(w0, 2) | _byte(w1, 2) << 8 | _byte(w2, 2) << 16 | _byte(w3, 2) << 24
-        r3 = _byte(w0, 3) | _byte(w1, 3) << 8 | _byte(w2, 3) << 16 | _byte(w3, 3) << 24
-    else:
-        r0, r1, r2, r3 = tl.inline_asm_elementwise(_BYTE_TRANSPOSE_ASM, "=r,=r,=r,=r,r,r,r,r", [w0, w1, w2, w3],
-                                                   dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True,
-                                                   pack=1)
-    return tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), words.shape)
+def decode_lanes_tile(runs, e, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT: tl.constexpr,
+                      SHIFT: tl.constexpr):
+    """Weights in the ``"lanes"`` order: ``runs [BLOCK_N, BLOCK_K/128, 16]`` int32 (each 128-code block's 4 lane
+    runs: run ``c`` holds word ``c`` of the block's 4 scale groups, whose byte ``p`` is the pair at ``8 p + 2 c``)
+    and ``e [BLOCK_N, BLOCK_K/32]`` -> the weight tile ``[BLOCK_N, BLOCK_K]`` times ``2**-SHIFT`` in natural K
+    order, which is the order of the MMA's register operand: lane ``c`` of a quad holds pairs ``2 c + 8 p``."""
+    G: tl.constexpr = BLOCK_K // 32
+    words = tl.reshape(tl.permute(tl.reshape(runs, (BLOCK_N, G // 4, 4, 4)), (0, 1, 3, 2)), (BLOCK_N, G * 4))
+    e = tl.reshape(tl.broadcast_to(e[:, :, None], (BLOCK_N, G, 4)), (BLOCK_N, G * 4))
+    v = decode_words(words, e, SHIFT, EXACT)  # [N, (group, c), code 2 p + l]
+    return tl.reshape(tl.permute(tl.reshape(v, (BLOCK_N, G, 4, 4, 2)), (0, 1, 3, 2, 4)), (BLOCK_N, BLOCK_K))
 
 
 @triton.jit
@@ -206,25 +184,30 @@ def _mxfp4_mm_kernel(
         k0 = pid_k * K_SPLIT + step
         g = k0 // 32 + groups  # scale groups of this step
         mask_g = g < K // 32
-        if LANES:  # group g's bytes sit in word g % 4 of the 4 lane runs of its 128-code block
-            word_off = (g // 4 * 16 + g % 4)[None, :, None] + 4 * word_in_group[None, None, :]
+        if LANES:  # a 128-code block's 16 words: lane run c holds word c of its 4 groups j
+            blocks = k0 // 128 + tl.arange(0, G // 4)
+            word_off = blocks[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
+            mask_w = (blocks < K // 128)[None, :, None]
         else:
             word_off = g[None, :, None] * 4 + word_in_group[None, None, :]
+            mask_w = mask_g[None, :, None]
         if EVEN_N and EVEN_K:  # no masks: the common shapes stream the weight unpredicated
             words = tl.load(w_rows + word_off)
             e = tl.load(s_rows + g[None, :])
         else:
-            words = tl.load(w_rows + word_off, mask=mask_n[:, None, None] & mask_g[None, :, None], other=0)
+            words = tl.load(w_rows + word_off, mask=mask_n[:, None, None] & mask_w, other=0)
             e = tl.load(s_rows + g[None, :], mask=mask_n[:, None] & mask_g[None, :], other=0)
         if LANES:
-            words = lanes_words_to_rows(words, EXACT)
-        w_tile = decode_mxfp4_tile(words, e, BLOCK_N, BLOCK_K, EXACT, SHIFT)
+            w_tile = decode_lanes_tile(words, e, BLOCK_N, BLOCK_K, EXACT, SHIFT)
+        else:
+            w_tile = decode_mxfp4_tile(words, e, BLOCK_N, BLOCK_K, EXACT, SHIFT)
         k = k0 + kk
         if EVEN_K:
             x = tl.load(x_cols + k[:, None], mask=mask_m[None, :], other=0.0)  # [BLOCK_K, BLOCK_M]
         else:
             x = tl.load(x_cols + k[:, None], mask=(k < K)[:, None] & mask_m[None, :], other=0.0)
-        x = to_mma_order(x, BLOCK_K, BLOCK_M)
+        if not LANES:
+            x = to_mma_order(x, BLOCK_K, BLOCK_M)
         if EXACT:
             acc = tl.dot(w_tile, x.to(tl.float32), acc, input_precision="ieee")
         else:
