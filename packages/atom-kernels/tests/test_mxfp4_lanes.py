@@ -47,10 +47,12 @@ def test_lanes_errors():
         mxfp4_mm(x, w, s, layout="columns")
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (5, 100, 384), (17, 64, 512), (40, 130, 1024)])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (5, 100, 384), (17, 64, 512), (40, 130, 1024), (130, 72, 512),
+                                   (300, 136, 256)])
 def test_lanes_through_the_op(device, rng, m, n, k):
     """The op's Triton backend on lanes weights equals the reference on the checkpoint's (the warpgroup-MMA
-    kernel reads lanes above 16 tokens and wherever the ring kernel does not run: CPU, K = 384); bias, ragged N."""
+    kernel reads lanes above 16 tokens and wherever the ring kernel does not run: CPU, K = 384; 130 and 300 tokens
+    take its larger lanes configurations, ``LANES_CONFIGS``); bias, ragged N."""
     w, s = _weight(n, k, rng)
     lanes = formats.mxfp4_rows_to_lanes(w)
     bias = randn(n, gen=rng) if m % 2 else None

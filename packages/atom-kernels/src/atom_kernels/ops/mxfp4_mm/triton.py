@@ -60,6 +60,19 @@ CONFIGS: dict[str, dict] = {
     "large": dict(block_n=128, block_m=128, block_k=128, split_k=1, group=8, num_warps=8, num_stages=3),
 }
 
+# On "lanes" weights (the default byte order on sm_90) by the largest token count each serves (None: any): the
+# 2026-12-01 H200 sweep of this kernel on lanes at N=K=8192 (``bench/results/2026-12-01T0510-h200/
+# mma-lanes-configs.json``; times of CONFIGS' entry -> this one).
+LANES_CONFIGS: tuple[tuple[int | None, dict], ...] = (
+    (16, CONFIGS["decode"]),
+    (32, dict(block_n=64, block_m=32, block_k=256, split_k="auto", group=1, num_warps=4, num_stages=4)),  # 32.1 -> 22.9 us
+    (64, CONFIGS["small"]),
+    (128, dict(block_n=128, block_m=64, block_k=256, split_k=1, group=8, num_warps=8, num_stages=3)),  # 48.9 -> 45.8
+    (256, dict(block_n=128, block_m=128, block_k=256, split_k=1, group=8, num_warps=8, num_stages=3)),  # 91.5 -> 68.0
+    # 1024 tokens 327 -> 244 us, 4096 tokens 1135 -> 1007
+    (None, dict(block_n=256, block_m=128, block_k=128, split_k=1, group=8, num_warps=8, num_stages=3)),
+)
+
 # Decode-shape alternatives of the warpgroup-MMA kernel (each merged over CONFIGS["decode"]): its default
 # and the two best of the 2026-11-30 H200 sweep (31-34 us at N = K = 8192), kept as the baseline the
 # small-M kernel must beat.
@@ -68,6 +81,13 @@ SWEEP: list[dict] = [
     dict(kernel="mma", block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4),
     dict(kernel="mma", block_n=128, block_k=128, split_k=4, num_warps=8, num_stages=4),
 ]
+
+
+def config_for(m: int, layout: str) -> dict:
+    """The warpgroup-MMA kernel's configuration for ``m`` tokens on weights in ``layout``."""
+    if layout == "lanes":
+        return next(cfg for limit, cfg in LANES_CONFIGS if limit is None or m <= limit)
+    return CONFIGS[shape_class(m)]
 
 
 def shape_class(m: int) -> str:
@@ -241,7 +261,7 @@ def mxfp4_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torc
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = dict(CONFIGS[shape_class(m)], **{key: v for key, v in config.items() if key in CONFIGS["decode"]})
+    cfg = dict(config_for(m, layout), **{key: v for key, v in config.items() if key in CONFIGS["decode"]})
     block_k = cfg["block_k"]
     if layout == "lanes" and block_k % 128:
         raise ValueError(f"weights in the 'lanes' layout need K steps of whole 128-code blocks, got block_k={block_k}")
