@@ -25,7 +25,7 @@ register fragment.  So a run is one 16-byte load, each byte decodes to one bf16x
 small-M kernel's ``prmt`` decode), the decoded tile is in natural K order and the activations are used as they
 are: no permutation through shared memory (sm_90 SASS of the loop: 322 instead of 433 instructions at 128x128
 tiles, no ``ldmatrix``/``stmatrix``).  H200, N=K=8192: 17 tokens 49.1 -> 30.9 us, 4096 tokens 1988 -> 1157
-(``bench/results/2026-12-01T0510-h200``).
+(``bench/results/2026-12-01T0510-h200``); with configurations tuned on lanes (``LANES_CONFIGS``) 22.8 and 1021.
 
 In Triton 3.6's CPU interpreter bf16 arithmetic and bf16 ``tl.dot`` operate on the raw 16-bit
 integers, so there (``EXACT``) the same decoded values are scaled and multiplied in fp32.  The bf16
