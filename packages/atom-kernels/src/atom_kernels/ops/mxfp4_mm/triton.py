@@ -1,6 +1,6 @@
 """Triton MXFP4 weight-only GEMM.  Up to 16 tokens ``triton_small_m`` runs (a GEMV-shaped kernel:
 ``mma.sync`` with the tokens on the 16-row side, cheap decode, split-K); above, the warpgroup-MMA kernel
-below; from ``DEQUANT_MIN_TOKENS`` on a GPU the weight is dequantized once (``dequant.py``) and cuBLAS multiplies.
+below.
 
 Layout of the work in the warpgroup-MMA kernel: operands are swapped, the weight's output features run along the 64/128-row MMA
 tile and the tokens along its 16-wide side, so M = 1..16 costs one padded 16-column tile; K is split
@@ -45,7 +45,6 @@ from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.formats import MX_GROUP, MXFP4_LAYOUTS
 from atom_kernels.ops._triton_common import grouped_tile
 from atom_kernels.ops.gemm_common import pick_split_k, reduce_splits
-from atom_kernels.ops.mxfp4_mm.dequant import dequantize
 from atom_kernels.ops.mxfp4_mm.triton_small_m import SMALL_M_MAX, decode_words, mxfp4_mm_small_m, ring_serves
 
 # The decoded weights carry a factor 2**-SHIFT so every scale from 2**-93 to 2**33 stays a normal bf16.
@@ -74,10 +73,6 @@ LANES_CONFIGS: tuple[tuple[int | None, dict], ...] = (
     (None, dict(block_n=256, block_m=128, block_k=128, split_k=1, group=8, num_warps=8, num_stages=3)),
 )  # (*) at 1 / 16 tokens (mma-lanes-sweep.json); used only where the ring kernel (16.3 / 17.9 us) does not run
 
-# From this many tokens the weight is dequantized once and multiplied by cuBLAS (``dequant.py``): H200, N=K=8192,
-# 2026-12-01 (``bench/results/2026-12-01T0510-h200/dequant-vs-fused.json``).
-DEQUANT_MIN_TOKENS = 1024
-
 # Decode-shape alternatives of the warpgroup-MMA kernel (each merged over CONFIGS["decode"]): its default
 # and the two best of the 2026-11-30 H200 sweep (31-34 us at N = K = 8192), kept as the baseline the
 # small-M kernel must beat.
@@ -93,16 +88,6 @@ def config_for(m: int, layout: str) -> dict:
     if layout == "lanes":
         return next(cfg for limit, cfg in LANES_CONFIGS if limit is None or m <= limit)
     return CONFIGS[shape_class(m)]
-
-
-def default_kernel(m: int, k: int, device: torch.device) -> str:
-    """``"small_m"`` up to SMALL_M_MAX tokens, ``"dequant"`` (dequantize once + cuBLAS) from DEQUANT_MIN_TOKENS on
-    a GPU (K % 128 == 0), else the warpgroup-MMA kernel (``"mma"``)."""
-    if m <= SMALL_M_MAX:
-        return "small_m"
-    if m >= DEQUANT_MIN_TOKENS and k % 128 == 0 and device.type == "cuda" and not triton_interpreting():
-        return "dequant"
-    return "mma"
 
 
 def shape_class(m: int) -> str:
@@ -260,8 +245,8 @@ def _mxfp4_mm_kernel(
 
 def mxfp4_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
              config: dict | None = None, layout: str = "rows") -> torch.Tensor:
-    """``config`` overrides the configuration; its ``"kernel"`` (``"small_m"``, ``"mma"`` or ``"dequant"``) picks
-    the kernel, by default ``default_kernel``: the small-M kernel up to ``SMALL_M_MAX`` tokens (for ``"lanes"`` weights only where its
+    """``config`` overrides the configuration; its ``"kernel"`` (``"small_m"`` or ``"mma"``) picks the
+    kernel, by default the small-M kernel up to ``SMALL_M_MAX`` tokens (for ``"lanes"`` weights only where its
     sm_90 ring variant runs; the warpgroup-MMA kernel reads both layouts)."""
     m, k = x.shape
     n = w.shape[0]
@@ -270,12 +255,9 @@ def mxfp4_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torc
     if x.stride(1) != 1:  # the kernels read a row's K as consecutive elements
         x = x.contiguous()
     config = dict(config or {})
-    kernel = config.pop("kernel", default_kernel(m, k, x.device))
+    kernel = config.pop("kernel", "small_m" if m <= SMALL_M_MAX else "mma")
     if kernel == "small_m" and (layout == "rows" or ring_serves(x, n, config)):
         return mxfp4_mm_small_m(x, w, w_scale, bias, config, layout=layout)
-    if kernel == "dequant":  # the weight decoded once, the product by cuBLAS (a transient [N, K] buffer)
-        w_dense = dequantize(w, w_scale, x.dtype, layout)
-        return torch.addmm(bias.to(x.dtype), x, w_dense.t()) if bias is not None else x @ w_dense.t()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
