@@ -167,6 +167,13 @@ def h200_table(pins: dict) -> str:
             if atom:
                 out.append(f"| MXFP4 small-M GEMM | M={m}, {label} | {_us(atom['us'])} | bf16 cuBLAS {_us(bf16)} | "
                            f"{_us(atom['floor_us'])} | {atom['us'] / atom['floor_us']:.2f} |")
+            for after, what in (("rms_norm", "after ATOM's RMSNorm"), ("plain copy", "after a plain kernel")):
+                row = _pick(small, shape=shape, M=m, impl=f"atom-triton after {after}")  # pair minus predecessor
+                peer = _time(small, shape=shape, M=m, impl=f"bf16-cublas after {after}")
+                if row and peer:
+                    out.append(f"| MXFP4 small-M GEMM {what} | M={m}, {label} | {_us(row['us'])} | bf16 cuBLAS "
+                               f"{_us(peer)} (same predecessor) | {_us(row['floor_us'])} | "
+                               f"{row['us'] / row['floor_us']:.2f} |")
     return "\n".join(out) if out else "_No H200 results committed yet._"
 
 

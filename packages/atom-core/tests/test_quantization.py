@@ -394,6 +394,7 @@ def test_gpt_oss_expert_layout_matches_the_dense_layout():
 
 
 # -------------------------------------------------------------------------- kernels in the model
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter path: on a GPU the cuda tests run the kernels")
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_triton_kernels_through_the_quantized_model(quantized, monkeypatch, scheme):
     """The quantized model with every op on the Triton kernels (CPU interpreter) gives the reference

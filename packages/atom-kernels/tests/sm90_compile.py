@@ -1,7 +1,8 @@
 """Compile ATOM's quantization kernels for sm_90 without a GPU and report what the compiler produced
 (run as a script, with TRITON_INTERPRET unset, by test_sm90_compile.py).  Prints one JSON object:
 case -> {"shared": bytes, "ptx_div_rn": bool, "sass": {opcode: count}, "loop_sass": {opcode: count inside
-loops}, "registers": n, "spill_bytes": local + stack bytes per thread}."""
+loops}, "before_wait": {opcode: count before the first griddepcontrol.wait (ACQBULK)}, "registers": n, "spill_bytes":
+local + stack bytes per thread}."""
 
 import collections
 import json
@@ -22,18 +23,21 @@ from atom_kernels.ops.mxfp4_mm.triton import _mxfp4_mm_kernel
 from atom_kernels.ops.mxfp4_mm.triton_small_m import DEFAULT as SMALL_M_DEFAULT
 from atom_kernels.ops.mxfp4_mm.triton_small_m import _mxfp4_small_m_kernel, chunk_groups, plan
 from atom_kernels.ops.quant_fp8.triton import _quant_groups_kernel, _quant_rows_kernel
+from atom_kernels.ops.rms_norm.triton import _rms_norm_kernel
+from atom_kernels.ops.silu_and_mul.triton import _silu_and_mul_kernel
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_sm90(fn, signature, constexprs, divisible, num_warps=4, num_stages=3):
+def compile_sm90(fn, signature, constexprs, divisible, num_warps=4, num_stages=3, launch_pdl=False):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     names = list(signature)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages,
+                                                                          "launch_pdl": launch_pdl})
 
 
 def report(compiled) -> dict:
@@ -51,9 +55,13 @@ def report(compiled) -> dict:
         target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
         if target and int(target.group(1), 16) < addr:
             loop_ops.update(o for a, o, _ in listing if int(target.group(1), 16) <= a <= addr)
+    wait = next((addr for addr, op, _ in listing if op == "ACQBULK"), None)  # griddepcontrol.wait (PDL)
+    never = {int(m.group(1), 16) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+@!PT\s", text)}  # padding
+    before_wait = collections.Counter(op for addr, op, _ in listing if wait is not None and addr < wait
+                                      and addr not in never)
     res = {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", usage)}
     return {"shared": compiled.metadata.shared, "ptx_div_rn": "div.rn.f32" in compiled.asm["ptx"], "sass": dict(ops),
-            "loop_sass": dict(loop_ops),
+            "loop_sass": dict(loop_ops), "before_wait": dict(before_wait),
             "registers": res.get("REG"), "spill_bytes": res.get("STACK", 0) + res.get("LOCAL", 0)}
 
 
@@ -150,16 +158,18 @@ def small_m_cases():
 def small_m_ring_cases():
     """The small-M kernel with its loads as asynchronous copies (Gluon), as ``gluon_small_m.launch_ring`` launches
     it for N = K = 8192: 8-wide MMA (up to 8 tokens) and 16-wide, 2 stages, one warpgroup and two; weights in the
-    checkpoint's byte order and in the "lanes" one."""
+    checkpoint's byte order and in the "lanes" one; with programmatic dependent launch (its default), and once with
+    ``static_weights``."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from atom_kernels.ops.mxfp4_mm.gluon_small_m import MAX_REGISTERS, _mxfp4_small_m_ring_kernel
 
     signature = {name: kind for name, kind in SMALL_M_SIG.items() if kind != "constexpr"}
-    for name, block_m, warps, lanes in (("m8", 8, 4, False), ("m16", 16, 4, False), ("m16_w8", 16, 8, False),
-                                        ("lanes_m8", 8, 4, True), ("lanes_m16", 16, 4, True)):
+    for name, block_m, warps, lanes, static in (("m8", 8, 4, False, False), ("m16", 16, 4, False, False),
+                                                ("m16_w8", 16, 8, False, False), ("lanes_m8", 8, 4, True, False),
+                                                ("lanes_m16", 16, 4, True, False), ("lanes_m8_static", 8, 4, True, True)):
         constexprs = dict(K=8192, K_SPLIT=2048, SPLIT_K=4, HAS_BIAS=True, BLOCK_N=16 * warps, BLOCK_M=block_m,
-                          BLOCK_K=256, STAGES=2, SHIFT=32, EVEN_N=True, LANES=lanes)
+                          BLOCK_K=256, STAGES=2, SHIFT=32, EVEN_N=True, LANES=lanes, PDL=True, STATIC_WEIGHTS=static)
         sig = dict(signature, **{name: "constexpr" for name in constexprs})
         names = list(sig)
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in
@@ -169,13 +179,30 @@ def small_m_ring_cases():
             from triton.backends.compiler import GPUTarget
 
             src = GluonASTSource(fn=_mxfp4_small_m_ring_kernel, signature=s, constexprs=c, attrs=a)
-            return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": w,
+            return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "launch_pdl": True,
                                                                                    "maxnreg": MAX_REGISTERS})
 
         yield f"small_m_ring_{name}", build
 
 
+RMS_NORM_SIG = {"x_ptr": "*bf16", "x_stride": "i32", "res_ptr": "*bf16", "res_stride": "i32", "sum_ptr": "*bf16",
+                "sum_stride": "i32", "out_ptr": "*bf16", "out_stride": "i32", "w_ptr": "*bf16", "hidden": "i32",
+                "eps": "fp32", "weight_offset": "fp32", "HAS_RESIDUAL": "constexpr", "BLOCK": "constexpr",
+                "PDL": "constexpr"}
+SILU_SIG = {"x_ptr": "*bf16", "x_stride": "i32", "out_ptr": "*bf16", "out_stride": "i32", "inter": "i32",
+            "BLOCK": "constexpr", "PDL": "constexpr"}
+
+
+def pdl_cases():
+    """The decode-path kernels that feed a GEMM, launched with programmatic dependent launch (as on sm_90)."""
+    yield "rms_norm_pdl", lambda: compile_sm90(_rms_norm_kernel, RMS_NORM_SIG, {"HAS_RESIDUAL": True, "BLOCK": 8192,
+                                                                                "PDL": True}, [], 8, launch_pdl=True)
+    yield "silu_and_mul_pdl", lambda: compile_sm90(_silu_and_mul_kernel, SILU_SIG, {"BLOCK": 1024, "PDL": True}, [],
+                                                   4, launch_pdl=True)
+
+
 def cases():
+    yield from pdl_cases()
     yield from small_m_cases()
     yield from small_m_ring_cases()
     yield from moe_cases()

@@ -51,9 +51,14 @@ def test_mxfp4_bench_rows(monkeypatch):
     monkeypatch.setattr(mma_triton, "SWEEP", mma_triton.SWEEP[:1])
     rows = mxfp4.run({"device": "cpu", "copy_bytes_per_s": 4e12, "quick": True})
     assert not [r for r in rows if "error" in r]
-    timed = [r for r in rows if r.get("op") == "mxfp4"]
+    timed = [r for r in rows if r.get("op") == "mxfp4" and "pair_us" not in r]
     assert {r["impl"] for r in timed} == {"atom-triton", "small-m sweep", "mma sweep"} and len(timed) == 2 * 4
     assert all(r["rel_err"] < 1e-2 for r in timed)  # bf16 output of the same product
+    after = [r for r in rows if "pair_us" in r]  # the default and cuBLAS after ATOM's RMSNorm and a plain kernel
+    assert sorted(r["impl"] for r in after) == sorted(2 * [f"{impl} after {p}" for impl in ("atom-triton", "bf16-cublas")
+                                                           for p in ("plain copy", "rms_norm")])
+    assert all(r["us"] == r["pair_us"] - r["predecessor_us"] for r in after)
     assert {r["case"] for r in rows if r.get("op") == "fused_moe"} == {"tiny"}
     target = [r for r in rows if r.get("summary") == "mxfp4-vs-bf16"]
     assert [r["M"] for r in target] == [1, 16] and target[0]["speedup_default"] == 1.0
+    assert target[0]["atom_triton_after_rms_norm_us"] == 0.0 and "bf16_cublas_after_plain_copy_us" in target[0]

@@ -202,6 +202,7 @@ RING_CASES = [  # (m, n, k, config): bias for odd m; ragged N; 1, 2, 4 splits; 8
     (16, 8192, 8192, {}),
     (5, 300, 2048, {"num_warps": 8, "block_n": 128, "split_k": 2}),  # two warpgroups, ragged N
     (16, 256, 1024, {"num_warps": 8, "block_n": 256, "stages": 3, "split_k": 1}),  # two repeats per warpgroup
+    (7, 128, 1024, {"pdl": False, "split_k": 2}),  # launched without programmatic dependent launch
 ]
 
 
@@ -231,12 +232,14 @@ def test_ring_applies_only_where_its_kernel_can_run():
 
 
 @pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+@pytest.mark.parametrize("static_weights", [False, True])
 @pytest.mark.parametrize("layout", ["rows", "lanes"])
 @pytest.mark.parametrize("m,n,k,config", RING_CASES)
-def test_ring_kernel(rng, m, n, k, config, layout):
+def test_ring_kernel(rng, m, n, k, config, layout, static_weights):
     """Matches the reference (and runs the ring kernel, not the fallback), writing every output element
     (poisoned output and workspace), with the weight in the checkpoint's byte order and in the "lanes" one
-    (natural-order activations, 16-byte copies, rows past M zero-filled)."""
+    (natural-order activations, 16-byte copies, rows past M zero-filled), its first weight copies issued after or
+    before the programmatic-dependent-launch wait (``static_weights``)."""
     config = dict(config, loads="ring")
     w, s = _weight(n, k, rng)
     stored = formats.mxfp4_rows_to_lanes(w) if layout == "lanes" else w
@@ -248,7 +251,7 @@ def test_ring_kernel(rng, m, n, k, config, layout):
     out = torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda")
     ws = torch.full((p["split"], m, n), float("nan"), dtype=torch.float32, device="cuda")
     small.mxfp4_mm_small_m(x.cuda(), stored.cuda(), s.cuda(), bias.cuda() if bias is not None else None, config,
-                           out=out, workspace=ws, layout=layout)
+                           out=out, workspace=ws, layout=layout, static_weights=static_weights)
     assert_close(out.cpu(), ref, x.dtype)
 
 

@@ -139,3 +139,21 @@ def test_mxfp4_small_m_ring_kernel_reads_lanes_layout(compiled, name):
     assert any(op.startswith("HGMMA") for op in loop), sorted(loop)
     moved = {op: n for op, n in loop.items() if op.startswith(("STS", "STSM", "SHFL"))}
     assert not moved, moved
+
+
+@pytest.mark.parametrize("name", ["rms_norm_pdl", "silu_and_mul_pdl", "small_m_ring_lanes_m8", "small_m_ring_lanes_m16",
+                                  "small_m_ring_lanes_m8_static"])
+def test_programmatic_dependent_launch(compiled, name):
+    """Kernels launched with programmatic dependent launch let the next kernel launch (PREEXIT, from
+    ``griddepcontrol.launch_dependents``) and wait for the previous one (ACQBULK, ``griddepcontrol.wait``) before any
+    load of what it may have written; the MXFP4 ring kernel with ``static_weights`` copies exactly its first step's
+    weight runs (four 16-byte copies) and scale bytes (one 4-byte copy) before the wait, and nothing else."""
+    case = _ok(compiled, name)
+    sass, before = case["sass"], case["before_wait"]
+    assert sass.get("ACQBULK") == 1 and sass.get("PREEXIT") == 1, sorted(sass)
+    assert "PREEXIT" in before, before  # the next kernel may launch while this one waits
+    loads = {op: n for op, n in before.items() if op.startswith(("LDG", "LDS", "ATOM", "RED"))}
+    if name.endswith("_static"):
+        assert loads == {"LDGSTS.E.BYPASS.128": 4, "LDGSTS.E": 1}, loads
+    else:
+        assert not loads, loads

@@ -72,7 +72,10 @@ class Mxfp4LinearMethod(LinearMethod):
         from atom_kernels import mxfp4_mm
 
         layout = getattr(layer, "weight_layout", "rows")
-        return flat_apply(x, lambda x2: mxfp4_mm(x2, layer.weight, layer.weight_scale, bias, layout=layout))
+        # static_weights: a layer's parameters are written at load time only, so the kernel may start streaming
+        # them before the previous kernel on the stream has finished (programmatic dependent launch on sm_90)
+        return flat_apply(x, lambda x2: mxfp4_mm(x2, layer.weight, layer.weight_scale, bias, layout=layout,
+                                                 static_weights=True))
 
 
 LAYOUT_ENV = "ATOM_MXFP4_LAYOUT"  # the byte order MXFP4 linear weights are kept in: a key of LAYOUT_CHOICES

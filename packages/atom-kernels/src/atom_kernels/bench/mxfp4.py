@@ -6,7 +6,9 @@ without ``--quick``): bf16 cuBLAS, the op's default Triton path (``mxfp4_mm.call
 every configuration of the small-M kernel (``triton_small_m.SWEEP``) and the warpgroup-MMA kernel's
 baseline configurations (``triton.SWEEP``), each row with its time, the floor (bytes over the measured
 copy bandwidth), the plan it ran (split, blocks) and its relative error against the dequantized matmul
-(so a fast but wrong configuration shows).  Then the fused MoE with MXFP4 experts at decode sizes.
+(so a fast but wrong configuration shows).  The default is timed back to back with itself and after each of
+``PREDECESSORS`` (what it adds to a decode step after ATOM's RMSNorm, which lets it start early, and after a plain
+kernel, which does not: ``ops/_pdl.py``).  Then the fused MoE with MXFP4 experts at decode sizes.
 Summary rows: best configuration per case and the target check for the default and for the best.
 Weights rotate over enough copies that the L2 cache cannot hold them.
 
@@ -20,7 +22,7 @@ import json
 
 import torch
 
-from atom_kernels import formats, mxfp4_mm
+from atom_kernels import formats, mxfp4_mm, rms_norm
 from atom_kernels.bench.timing import measure
 from atom_kernels.ops.mxfp4_mm import preferred_layout, triton_small_m
 from atom_kernels.ops.mxfp4_mm import triton as mma_triton
@@ -49,10 +51,43 @@ def _timed(fn, base: dict, nbytes: float, ctx: dict) -> dict:
         timing = measure(fn)
     except Exception as err:  # a configuration that fails must not hide the others
         return {**base, "error": f"{type(err).__name__}: {err}"[:300]}
-    us = timing["us"]
+    return _with_floor({**base, "graph": timing["graph"]}, timing["us"], nbytes, ctx)
+
+
+def _with_floor(row: dict, us: float, nbytes: float, ctx: dict) -> dict:
     floor_us = nbytes / ctx["copy_bytes_per_s"] * 1e6
-    return {**base, "us": us, "graph": timing["graph"], "bytes": nbytes, "TBps": nbytes / (us * 1e-6) / 1e12,
+    return {**row, "us": us, "bytes": nbytes, "TBps": nbytes / (us * 1e-6) / 1e12 if us > 0 else None,
             "floor_us": floor_us, "x_floor": us / floor_us}
+
+
+# The kernel before a GEMM in a decode step, making the GEMM's input from a fresh one: ATOM's RMSNorm (launched with
+# programmatic dependent launch: it lets the GEMM start streaming its weights while it runs) and a plain torch copy
+# (no PDL: the GEMM starts when it ends, as after most of a host framework's kernels).
+PREDECESSORS = {
+    "rms_norm": lambda src, gamma: rms_norm(src, gamma, 1e-6),
+    "plain copy": lambda src, gamma: src.clone(),
+}
+
+
+def predecessor_rows(base: dict, impl: str, gemm, x: torch.Tensor, nbytes: float, ctx: dict) -> list[dict]:
+    """``gemm(x_in)`` timed after each of ``PREDECESSORS``: ``us`` is the pair's time minus the predecessor's time
+    alone (both recorded), what the GEMM adds to a decode step after that kernel.  (The predecessor alone runs back to
+    back with itself, which with PDL overlaps consecutive calls a little, so ``us`` leans high, for every GEMM alike:
+    compare ATOM's and cuBLAS' rows after the same predecessor.)  The plain rows time each GEMM back to back with
+    itself, which for ATOM's also overlaps each call with the previous one."""
+    gamma = torch.ones(x.shape[1], device=x.device, dtype=x.dtype)
+    rows = []
+    for name, make in PREDECESSORS.items():
+        row = {**base, "impl": f"{impl} after {name}"}
+        try:
+            alone = measure(lambda make=make: make(x, gamma))
+            both = measure(lambda make=make: gemm(make(x, gamma)))
+        except Exception as err:
+            rows.append({**row, "error": f"{type(err).__name__}: {err}"[:300]})
+            continue
+        rows.append(_with_floor({**row, "graph": both["graph"], "pair_us": both["us"], "predecessor_us": alone["us"]},
+                                both["us"] - alone["us"], nbytes, ctx))
+    return rows
 
 
 def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True) -> list[dict]:
@@ -65,8 +100,10 @@ def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True)
 
     copies = [w] + [w.clone() for _ in range(_copies(w.numel() * 2) - 1)]
     cycle = itertools.cycle(copies)
-    rows.append(_timed(lambda: x @ next(cycle).t(), {**base, "op": "gemm", "impl": "bf16-cublas"},
-                       w.numel() * 2 + m * k * 2 + m * n * 2, ctx))
+    bf16_bytes = w.numel() * 2 + m * k * 2 + m * n * 2
+    rows.append(_timed(lambda: x @ next(cycle).t(), {**base, "op": "gemm", "impl": "bf16-cublas"}, bf16_bytes, ctx))
+    rows.extend(predecessor_rows({**base, "op": "gemm"}, "bf16-cublas", lambda xin: xin @ next(cycle).t(), x,
+                                 bf16_bytes, ctx))
     del copies, cycle
 
     wp, ws = formats.quantize_mxfp4(w)
@@ -89,7 +126,7 @@ def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True)
                                                  "num_stages", "loads", "stages")})
         try:
             row["rel_err"] = _rel_err(mxfp4_mm.call_backend("triton", x, *row_pairs[0], None, config=cfg,
-                                                            layout=row_layout), ref)
+                                                            layout=row_layout, static_weights=True), ref)
         except Exception as err:
             rows.append({**row, "error": f"{type(err).__name__}: {err}"[:300]})
             continue
@@ -97,9 +134,15 @@ def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True)
 
         def fn(cfg=cfg, cycle=cycle, layout=row_layout):
             b, s = next(cycle)
-            return mxfp4_mm.call_backend("triton", x, b, s, None, config=cfg, layout=layout)
+            return mxfp4_mm.call_backend("triton", x, b, s, None, config=cfg, layout=layout, static_weights=True)
 
         rows.append(_timed(fn, row, nbytes, ctx))
+        if impl == "atom-triton":
+            def gemm(xin, cycle=cycle, layout=row_layout):
+                b, s = next(cycle)
+                return mxfp4_mm.call_backend("triton", xin, b, s, None, layout=layout, static_weights=True)
+
+            rows.extend(predecessor_rows({**row, "config": "default"}, impl, gemm, x, nbytes, ctx))
     return rows
 
 
@@ -140,8 +183,9 @@ def summaries(rows: list[dict]) -> list[dict]:
     for (shape, m), group in itertools.groupby(sorted(timed, key=lambda r: (r["shape"], r["M"])),
                                                key=lambda r: (r["shape"], r["M"])):
         group = list(group)
-        bf16 = [r["us"] for r in group if r["impl"] == "bf16-cublas"]
-        mx = [r for r in group if r["op"] == "mxfp4" and r.get("rel_err", 1.0) < 2e-2]
+        bf16 = [r["us"] for r in group if r["impl"] == "bf16-cublas"]  # back to back
+        mx = [r for r in group if r["op"] == "mxfp4" and r.get("rel_err", 1.0) < 2e-2 and "pair_us" not in r]
+        after = {r["impl"]: r["us"] for r in group if "pair_us" in r}
         if not (bf16 and mx):
             continue
         best = min(mx, key=lambda r: r["us"])
@@ -152,7 +196,8 @@ def summaries(rows: list[dict]) -> list[dict]:
                     "speedup_default": bf16[0] / default["us"] if default else None,
                     "speedup_best": bf16[0] / best["us"], "target": TARGET,
                     "meets_target_default": bool(default) and bf16[0] / default["us"] >= TARGET,
-                    "meets_target_best": bf16[0] / best["us"] >= TARGET, "best_x_floor": best["x_floor"]})
+                    "meets_target_best": bf16[0] / best["us"] >= TARGET, "best_x_floor": best["x_floor"],
+                    **{f"{impl.replace('-', '_').replace(' ', '_')}_us": us for impl, us in after.items()}})
     return out
 
 

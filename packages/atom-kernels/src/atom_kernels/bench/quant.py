@@ -150,7 +150,8 @@ def _gemm_rows(case: _Case, sweep: bool) -> list[dict]:
     for impl, row_layout in layouts.items():
         pairs = [(formats.mxfp4_rows_to_lanes(b), bs) for b, bs in copies] if row_layout == "lanes" else copies
         rows.append(case.row("mxfp4", impl, _rotating(
-            lambda b, bs, lay=row_layout: mxfp4_mm.call_backend("triton", x, b, bs, layout=lay), pairs), mx_bytes,
+            lambda b, bs, lay=row_layout: mxfp4_mm.call_backend("triton", x, b, bs, layout=lay, static_weights=True),
+            pairs), mx_bytes,
             m * k * 2, False, {"layout": row_layout}))
         del pairs
     rows.append(case.row("mxfp4", "torch dequant+matmul", lambda: x @ formats.dequantize_mxfp4(wp, wsx, bf16).t(),

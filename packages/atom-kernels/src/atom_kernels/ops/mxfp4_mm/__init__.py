@@ -1,6 +1,6 @@
 """MXFP4 weight-only GEMM: bf16 activations times 4-bit microscaled weights.
 
-``mxfp4_mm(x, w, w_scale, bias=None, layout="rows") -> out``
+``mxfp4_mm(x, w, w_scale, bias=None, layout="rows", static_weights=False) -> out``
 
 * ``x``: ``[M, K]`` activations (bf16; fp32/fp16 take the reference path on a GPU);
 * ``w``: ``[N, K/2]`` uint8, two e2m1 codes per byte, element ``2i`` in the low nibble (K a multiple
@@ -9,6 +9,9 @@
   128-code block, ``formats.mxfp4_rows_to_lanes``: the order in which each MMA lane's decoded pairs are in natural K
   order, so neither Triton kernel permutes its activations; K a multiple of 128).  ``preferred_layout(n, k,
   device)`` says which one the kernels on ``device`` read faster;
+* ``static_weights``: the caller's promise that no kernel recently queued on the stream writes ``w`` or ``w_scale``
+  (true of a layer's parameters while it serves): on sm_90 the small-M kernel may then start reading them before the
+  previous kernel has finished (programmatic dependent launch, ``gluon_small_m``);
 * ``out[m, n] = sum_k x[m, k] * e2m1(w[n, k]) * 2**(w_scale[n, k // 32] - 127) + bias[n]``, fp32
   accumulation, ``[M, N]`` in x's dtype.
 

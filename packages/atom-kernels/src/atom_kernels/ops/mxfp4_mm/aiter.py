@@ -20,7 +20,7 @@ def _is_gfx950() -> bool:
     return getattr(torch.cuda.get_device_properties(0), "gcnArchName", "").startswith("gfx950")
 
 
-def unsupported(x, w, w_scale, bias=None, layout="rows") -> str | None:
+def unsupported(x, w, w_scale, bias=None, layout="rows", static_weights=False) -> str | None:
     if layout != "rows":
         return f"aiter gemm_a4w4 reads the checkpoint layout, not {layout!r}"
     if os.environ.get("ATOM_AITER_MXFP4_A4W4") != "1":
@@ -32,7 +32,7 @@ def unsupported(x, w, w_scale, bias=None, layout="rows") -> str | None:
     return None
 
 
-def mxfp4_mm(x, w, w_scale, bias=None, layout="rows"):
+def mxfp4_mm(x, w, w_scale, bias=None, layout="rows", static_weights=False):
     import aiter
     from aiter.ops.triton.quant import dynamic_mxfp4_quant
 

@@ -23,6 +23,18 @@ past ``M`` zero-filled (a re-read row would come from L2: 16-byte copies bypass 
 scale groups of its row blocks (word ``j`` of every thread is in group ``j``).  H200, N=K=8192: 16 tokens
 19.6 -> 17.6 us, 8 tokens 17.2 -> 16.5, 1 token unchanged (``bench/results/2026-12-01T0300-h200``).
 
+Programmatic dependent launch (PDL, ``p["pdl"]``, the default): the kernel is launched so that it may start while
+the kernel before it on the stream still runs, lets the next kernel launch as soon as all its own programs have
+started (``griddepcontrol.launch_dependents``), and waits for the previous kernel (``griddepcontrol.wait``) before
+it reads anything that kernel may have written (activations, workspace, arrival counters).  With
+``static_weights`` (a layer's parameters: nothing on the stream writes them while it serves) the first steps' weight
+and scale copies are issued before that wait, so the weights start streaming while the previous kernel finishes.
+It pays off only when the previous kernel lets this one launch early (ATOM's RMSNorm, SiLU-and-mul and this kernel
+do).  H200, N=K=8192, 1 / 16 tokens: back to back 16.4 / 19.8 us without PDL, 14.5 / 16.2 with it; after ATOM's
+RMSNorm 14.7 / 17.3 (pair minus the norm), after a plain copy 16.3 / 18.4 (``bench/results/2026-12-01T1040-h200``).
+Copying the weights before the wait is most of the gain (PDL alone: 16.3 -> 15.5 at 1 token); an L2 bulk prefetch of
+each program's whole weight slice before the wait made it slower (19.8 us), and so did a third ring stage.
+
 One or two warpgroups per program (``num_warps`` 4 or 8; two share the activation slots, each owning every
 other 64-row repeat).  Each step: wait for its copy group, fence (the MMA reads shared memory through the
 async proxy), barrier (so no thread still reads the slot that the next copies overwrite), issue the copies
@@ -107,10 +119,21 @@ def _decoded_tile(words6, e6, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SHIF
 
 
 @gluon.jit
-def _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k0, slot):
-    """Start the copies of the K step at ``k0`` into ring slot ``slot``."""
+def _grid_dependency(asm: gl.constexpr):
+    """``griddepcontrol.launch_dependents`` or ``.wait`` (no-ops unless launched with programmatic dependent launch)."""
+    gl.inline_asm_elementwise(asm + " // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k0, slot):
     async_copy.async_copy_global_to_shared(w_smem.index(slot), w_ptr + (w_off + k0 // 8))
     async_copy.async_copy_global_to_shared(s_smem.index(slot), s_ptr + (s_off + k0 // 32))
+
+
+@gluon.jit
+def _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k0, slot):
+    """Start the copies of the K step at ``k0`` into ring slot ``slot``."""
+    _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k0, slot)
     async_copy.async_copy_global_to_shared(x_smem.index(slot), x_ptr + (x_off + k0), mask=x_mask)
 
 
@@ -120,7 +143,8 @@ def _mxfp4_small_m_ring_kernel(
     N, M, stride_xm, stride_om,
     K: gl.constexpr, K_SPLIT: gl.constexpr, SPLIT_K: gl.constexpr, HAS_BIAS: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-    SHIFT: gl.constexpr, EVEN_N: gl.constexpr, LANES: gl.constexpr,
+    SHIFT: gl.constexpr, EVEN_N: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr = False,
+    STATIC_WEIGHTS: gl.constexpr = False,
 ):
     R: gl.constexpr = BLOCK_N // 64
     NB: gl.constexpr = BLOCK_K // 128
@@ -154,6 +178,8 @@ def _mxfp4_small_m_ring_kernel(
 
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
+    if PDL:  # the next kernel on the stream may launch now; it waits for this one's results (its own wait below)
+        _grid_dependency("griddepcontrol.launch_dependents;")
     # weight word offsets [8, 4, 2, NB, R, 16]: row l + 16 w + 8 r + 64 a, word 16 b + j of the step
     rows = (pid_n * BLOCK_N + _axis(8, 0, 6, WORDS) + 16 * _axis(4, 1, 6, WORDS) + 8 * _axis(2, 2, 6, WORDS)
             + 64 * _axis(R, 4, 6, WORDS))
@@ -182,10 +208,20 @@ def _mxfp4_small_m_ring_kernel(
     x_off = gl.minimum(rows_x, M - 1)[:, None] * stride_xm + kn[None, :]  # int32: at most 16 rows
 
     k_start = pid_k * K_SPLIT
+    if PDL and STATIC_WEIGHTS:  # the caller says no recent kernel writes the weights: copy them before the wait
+        for s in gl.static_range(STAGES - 1):
+            if s < STEPS:
+                _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k_start + s * BLOCK_K, s)
+    if PDL:
+        _grid_dependency("griddepcontrol.wait;")  # the previous kernel's results (x, locks, ...) are visible now
     for s in gl.static_range(STAGES - 1):
         if s < STEPS:
-            _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
-                          k_start + s * BLOCK_K, s)
+            if PDL and STATIC_WEIGHTS:
+                async_copy.async_copy_global_to_shared(x_smem.index(s), x_ptr + (x_off + k_start + s * BLOCK_K),
+                                                       mask=x_mask)
+            else:
+                _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
+                              k_start + s * BLOCK_K, s)
         async_copy.commit_group()
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=MMA)
@@ -234,9 +270,12 @@ def _mxfp4_small_m_ring_kernel(
             gl.atomic_xchg(lock_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 
-def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int, lanes: bool = False) -> None:
+def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int, lanes: bool = False,
+                static_weights: bool = False) -> None:
     """Launch the kernel for a plan of ``triton_small_m.plan`` (``k_split * split == K``); up to 8 tokens the
-    MMA is 8 wide (half the activation copies and shared memory of 16)."""
+    MMA is 8 wide (half the activation copies and shared memory of 16).  With ``p["pdl"]`` it is launched with
+    programmatic dependent launch; ``static_weights`` (the caller's promise that no recent kernel on the stream
+    writes ``w`` or ``w_scale``) lets it copy its first weight steps before waiting for the previous kernel."""
     m, k = x.shape
     block_m = 8 if m <= 8 and p.get("narrow_m", True) else 16
     n = w.shape[0]
@@ -247,7 +286,8 @@ def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int,
         n, m, x.stride(0), out.stride(0),
         K=k, K_SPLIT=p["k_split"], SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=p["block_n"], BLOCK_M=block_m,
         BLOCK_K=p["block_k"], STAGES=p["stages"], SHIFT=shift, EVEN_N=n % p["block_n"] == 0, LANES=lanes,
-        num_warps=p["num_warps"], maxnreg=MAX_REGISTERS,
+        PDL=p["pdl"], STATIC_WEIGHTS=static_weights,
+        num_warps=p["num_warps"], maxnreg=MAX_REGISTERS, launch_pdl=p["pdl"],
     )
 
 

@@ -100,7 +100,7 @@ def shape_class(m: int) -> str:
     return "large"
 
 
-def unsupported(x, w, w_scale, bias=None, layout="rows") -> str | None:
+def unsupported(x, w, w_scale, bias=None, layout="rows", static_weights=False) -> str | None:
     if layout not in MXFP4_LAYOUTS or (layout == "lanes" and x.shape[-1] % 128):
         return f"layout {layout!r} with K={x.shape[-1]}"  # the reference raises the error
     if x.dim() != 2 or w.dim() != 2 or w_scale.dim() != 2:
@@ -244,10 +244,10 @@ def _mxfp4_mm_kernel(
 
 
 def mxfp4_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
-             config: dict | None = None, layout: str = "rows") -> torch.Tensor:
-    """``config`` overrides the configuration; its ``"kernel"`` (``"small_m"`` or ``"mma"``) picks the
-    kernel, by default the small-M kernel up to ``SMALL_M_MAX`` tokens (for ``"lanes"`` weights only where its
-    sm_90 ring variant runs; the warpgroup-MMA kernel reads both layouts)."""
+             config: dict | None = None, layout: str = "rows", static_weights: bool = False) -> torch.Tensor:
+    """``static_weights``: see ``__init__``.  ``config`` overrides the configuration; its ``"kernel"``
+    (``"small_m"`` or ``"mma"``) picks the kernel, by default the small-M kernel up to ``SMALL_M_MAX`` tokens (for
+    ``"lanes"`` weights only where its sm_90 ring variant runs; the warpgroup-MMA kernel reads both layouts)."""
     m, k = x.shape
     n = w.shape[0]
     if layout not in MXFP4_LAYOUTS:
@@ -257,7 +257,7 @@ def mxfp4_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torc
     config = dict(config or {})
     kernel = config.pop("kernel", "small_m" if m <= SMALL_M_MAX else "mma")
     if kernel == "small_m" and (layout == "rows" or ring_serves(x, n, config)):
-        return mxfp4_mm_small_m(x, w, w_scale, bias, config, layout=layout)
+        return mxfp4_mm_small_m(x, w, w_scale, bias, config, layout=layout, static_weights=static_weights)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out

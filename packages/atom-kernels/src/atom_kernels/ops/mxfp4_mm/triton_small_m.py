@@ -105,12 +105,13 @@ _BLOCK_M = 16
 # Default: wgmma, 64 columns, 256-wide K steps, ~4 programs per SM; the ring kernel with 2 stages where it
 # applies, else one stage of register loads (best on both 8192 cases).
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
-                     num_stages=1, loads="ring", stages=2, narrow_m=True)
+                     num_stages=1, loads="ring", stages=2, narrow_m=True, pdl=True)
 SWEEP: list[dict] = [
     dict(),
     dict(narrow_m=False),
     dict(stages=3),
     dict(stages=4),
+    dict(pdl=False),  # the ring kernel without programmatic dependent launch
     dict(num_warps=8, block_n=128, waves=2),  # two warpgroups share the activation slots
     dict(loads="registers"),  # the register-load kernel (the default before the ring, and on other GPUs)
     dict(loads="registers", num_stages=3),
@@ -456,9 +457,12 @@ def lanes_serve(n: int, k: int, device: torch.device) -> bool:
 
 def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
                      config: dict | None = None, out: torch.Tensor | None = None,
-                     workspace: torch.Tensor | None = None, layout: str = "rows") -> torch.Tensor:
+                     workspace: torch.Tensor | None = None, layout: str = "rows",
+                     static_weights: bool = False) -> torch.Tensor:
     """``x [M <= 16, K] @ dequant(w, w_scale).T (+ bias)``; ``out`` and ``workspace`` (fp32, at least
-    ``split * M * N``) may be given (the tests pass poisoned ones).  Weights in the ``"lanes"`` layout are read by
+    ``split * M * N``) may be given (the tests pass poisoned ones).  ``static_weights``: no recent kernel on the
+    stream writes ``w`` / ``w_scale`` (``gluon_small_m``: the ring kernel then starts copying them before it waits
+    for the previous kernel).  Weights in the ``"lanes"`` layout are read by
     the ring kernel only (``ring_serves``; ``triton.mxfp4_mm`` sends other calls to the warpgroup-MMA kernel)."""
     m, k = x.shape
     n = w.shape[0]
@@ -479,7 +483,8 @@ def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bi
     if ring_applies(p, k, x.stride(0), x.data_ptr(), _ring_capability(x.device)):
         from atom_kernels.ops.mxfp4_mm.gluon_small_m import launch_ring  # Gluon: sm_90 only, imported on use
 
-        launch_ring(x, w, w_scale, out, workspace, locks, bias, p, _SHIFT, lanes=layout == "lanes")
+        launch_ring(x, w, w_scale, out, workspace, locks, bias, p, _SHIFT, lanes=layout == "lanes",
+                    static_weights=static_weights)
     elif layout != "rows":
         raise ValueError(f"the register-load small-M kernel reads the 'rows' layout, not {layout!r}")
     else:

@@ -1,10 +1,13 @@
-"""Triton RMSNorm: one program per row, the row held in registers, fp32 math."""
+"""Triton RMSNorm: one program per row, the row held in registers, fp32 math; launched with programmatic dependent
+launch where the GPU has it (``ops/_pdl.py``), so the GEMM after it can start streaming its weights."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from atom_kernels.ops._pdl import start_dependent, use_pdl
 
 MAX_HIDDEN = 65536
 
@@ -23,8 +26,9 @@ def unsupported(x, weight, eps, residual=None, weight_offset=0.0) -> str | None:
 def _rms_norm_kernel(
     x_ptr, x_stride, res_ptr, res_stride, sum_ptr, sum_stride, out_ptr, out_stride, w_ptr,
     hidden, eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    start_dependent(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -57,10 +61,11 @@ def rms_norm(x, weight, eps, residual=None, weight_offset=0.0):
         res2 = _rows(residual)
         summed = torch.empty_like(x2)
     if x2.shape[0] > 0:
+        pdl = use_pdl(x.device)
         _rms_norm_kernel[(x2.shape[0],)](
             x2, x2.stride(0), res2, res2.stride(0), summed, summed.stride(0), out, out.stride(0), weight,
             hidden, eps, weight_offset,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
         )
     if residual is None:
         return out.view(x.shape)

@@ -1,10 +1,13 @@
-"""Triton SiLU-and-mul: 2-D grid over (rows, column blocks), fp32 math."""
+"""Triton SiLU-and-mul: 2-D grid over (rows, column blocks), fp32 math; launched with programmatic dependent
+launch where the GPU has it (``ops/_pdl.py``)."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from atom_kernels.ops._pdl import start_dependent, use_pdl
 
 
 def unsupported(x) -> str | None:
@@ -14,7 +17,8 @@ def unsupported(x) -> str | None:
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, x_stride, out_ptr, out_stride, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, x_stride, out_ptr, out_stride, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    start_dependent(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -32,7 +36,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((x2.shape[0], inter), dtype=x.dtype, device=x.device)
     block = min(triton.next_power_of_2(max(inter, 1)), 1024)
     if x2.shape[0] > 0 and inter > 0:
+        pdl = use_pdl(x.device)
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(inter, block))](
-            x2, x2.stride(0), out, out.stride(0), inter, BLOCK=block, num_warps=4
+            x2, x2.stride(0), out, out.stride(0), inter, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl,
         )
     return out.view(*x.shape[:-1], inter)

@@ -1,0 +1,85 @@
+"""Programmatic dependent launch (``ops/_pdl.py``): where it is used, and that a decode-shaped chain of ATOM kernels
+that use it (RMSNorm -> MXFP4 GEMM -> SiLU-and-mul -> MXFP4 GEMM, plus torch ops between) computes in a CUDA graph
+exactly what the same ops compute one at a time with the host waiting after each (no kernel reads its input before
+the previous kernel has finished writing it)."""
+
+import pytest
+import torch
+from helpers import randn
+
+from atom_kernels import formats, mxfp4_mm, rms_norm, silu_and_mul
+from atom_kernels.ops._pdl import pdl_supported, use_pdl
+from atom_kernels.ops.mxfp4_mm import preferred_layout
+
+CUDA = torch.cuda.is_available()
+
+
+def test_pdl_supported_only_on_nvidia_sm90_and_up():
+    assert pdl_supported((9, 0), hip=False, interpreting=False)
+    assert pdl_supported((10, 0), hip=False, interpreting=False)
+    assert not pdl_supported((8, 0), hip=False, interpreting=False)  # A100: no griddepcontrol
+    assert not pdl_supported((9, 4), hip=True, interpreting=False)  # ROCm reports its own "capability"
+    assert not pdl_supported((9, 0), hip=False, interpreting=True)
+    assert not pdl_supported(None, hip=False, interpreting=False)
+    assert not use_pdl(torch.device("cpu"))
+
+
+def _layer_weights(n, k, gen, layout):
+    w, s = formats.quantize_mxfp4(randn(n, k, gen=gen, scale=k**-0.5))
+    return (formats.mxfp4_rows_to_lanes(w) if layout == "lanes" else w).cuda(), s.cuda()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_decode_chain_in_a_cuda_graph_matches_one_op_at_a_time(rng, m):
+    hidden, inter, layers = 1024, 1024, 3
+    layout = preferred_layout(2 * inter, hidden, torch.device("cuda"))
+    weights = [(_layer_weights(2 * inter, hidden, rng, layout), _layer_weights(hidden, inter, rng, layout),
+                randn(hidden, gen=rng, dtype=torch.bfloat16, device="cuda")) for _ in range(layers)]
+    x = randn(m, hidden, gen=rng, dtype=torch.bfloat16, device="cuda")
+
+    def chain(sync: bool):
+        def step(t):
+            if sync:
+                torch.cuda.synchronize()
+            return t
+
+        h = x
+        for (w13, s13), (w2, s2), gamma in weights:
+            normed = step(rms_norm(h, gamma, 1e-6))
+            gate_up = step(mxfp4_mm(normed, w13, s13, layout=layout, static_weights=True))
+            act = step(silu_and_mul(gate_up))
+            h = step(h + mxfp4_mm(act, w2, s2, layout=layout, static_weights=True))
+        return h
+
+    expected = chain(sync=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        chain(sync=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain(sync=False)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, expected)
+    x.copy_(randn(m, hidden, gen=rng, dtype=torch.bfloat16))  # new input: the first kernel must read it
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, chain(sync=True))
+    assert expected.isfinite().all() and not torch.equal(captured, expected)
+
+
+@pytest.mark.parametrize("backend", ["aiter", "triton", "reference"])
+def test_every_mxfp4_backend_takes_static_weights(backend):
+    """The dispatcher passes a call's keywords to the backend's precondition and function: each accepts
+    ``static_weights`` (what MXFP4 layers pass), checked on signatures so that it holds off the GPU too."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"atom_kernels.ops.mxfp4_mm.{backend}")
+    for fn in (module.mxfp4_mm, getattr(module, "unsupported", None)):
+        if fn is not None:
+            inspect.signature(fn).bind("x", "w", "w_scale", None, layout="lanes", static_weights=True)
