@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.ops._pdl import start_dependent, use_pdl
 from atom_kernels.ops.moe_align import max_blocks
 from atom_kernels.ops.moe_align.reference import check_args
 
@@ -68,7 +69,9 @@ def _align_single_chunk_kernel(
     num_pairs, num_experts, max_rows, num_blocks,
     HAS_MAP: tl.constexpr, PAIRS_P2: tl.constexpr, EXPERTS_P2: tl.constexpr, BLOCK_M: tl.constexpr,
     ROWS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
     tile = tl.program_id(0)
     pairs = tl.arange(0, PAIRS_P2)
     local = _local_ids(topk_ids_ptr, map_ptr, pairs, num_pairs, num_experts, HAS_MAP)
@@ -91,7 +94,9 @@ def _align_single_chunk_kernel(
 def _align_count_kernel(
     topk_ids_ptr, map_ptr, local_ptr, rank_ptr, counts_ptr, num_pairs, num_experts,
     HAS_MAP: tl.constexpr, CHUNK: tl.constexpr, EXPERTS_P2: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
     chunk = tl.program_id(0)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     local = _local_ids(topk_ids_ptr, map_ptr, offs, num_pairs, num_experts, HAS_MAP)
@@ -115,7 +120,9 @@ def _count_table(counts_ptr, num_chunks, below, CHUNKS_P2: tl.constexpr, EXPERTS
 def _align_layout_kernel(
     counts_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr, num_chunks, num_pairs, max_rows, num_blocks,
     CHUNKS_P2: tl.constexpr, EXPERTS_P2: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
     tile = tl.program_id(0)
     counts = _count_table(counts_ptr, num_chunks, num_chunks, CHUNKS_P2, EXPERTS_P2)
     start, end, total = _runs(counts, BLOCK_M)
@@ -130,7 +137,9 @@ def _align_layout_kernel(
 def _align_scatter_kernel(
     local_ptr, rank_ptr, counts_ptr, sorted_ptr, num_chunks, num_pairs,
     CHUNK: tl.constexpr, CHUNKS_P2: tl.constexpr, EXPERTS_P2: tl.constexpr, BLOCK_M: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
     chunk = tl.program_id(0)
     start, _, _ = _runs(_count_table(counts_ptr, num_chunks, num_chunks, CHUNKS_P2, EXPERTS_P2), BLOCK_M)
     base = start + _count_table(counts_ptr, num_chunks, chunk, CHUNKS_P2, EXPERTS_P2)
@@ -163,6 +172,7 @@ def moe_align_block_size(topk_ids, num_experts, block_m, expert_map=None):
     num_padded = torch.zeros((1,), dtype=torch.int32, device=device)
     if num_pairs == 0:
         return sorted_ids, block_experts, num_padded
+    pdl = use_pdl(device)
     experts_p2 = triton.next_power_of_2(num_experts)
     rows = max(ROWS_PER_PROGRAM, block_m)
     tiles = triton.cdiv(max_rows, rows)
@@ -172,7 +182,7 @@ def moe_align_block_size(topk_ids, num_experts, block_m, expert_map=None):
         _align_single_chunk_kernel[(tiles,)](
             ids, map_arg, sorted_ids, block_experts, num_padded, num_pairs, num_experts, max_rows, blocks,
             HAS_MAP=has_map, PAIRS_P2=triton.next_power_of_2(num_pairs), EXPERTS_P2=experts_p2,
-            BLOCK_M=block_m, ROWS=rows, num_warps=4,
+            BLOCK_M=block_m, ROWS=rows, PDL=pdl, launch_pdl=pdl, num_warps=4,
         )
         return sorted_ids, block_experts, num_padded
     chunk = chunk_size(experts_p2, num_pairs)
@@ -183,15 +193,15 @@ def moe_align_block_size(topk_ids, num_experts, block_m, expert_map=None):
     counts = torch.empty((num_chunks, experts_p2), dtype=torch.int32, device=device)
     _align_count_kernel[(num_chunks,)](
         ids, map_arg, local, rank, counts, num_pairs, num_experts,
-        HAS_MAP=has_map, CHUNK=chunk, EXPERTS_P2=experts_p2, num_warps=8,
+        HAS_MAP=has_map, CHUNK=chunk, EXPERTS_P2=experts_p2, PDL=pdl, launch_pdl=pdl, num_warps=8,
     )
     _align_layout_kernel[(tiles,)](
         counts, sorted_ids, block_experts, num_padded, num_chunks, num_pairs, max_rows, blocks,
-        CHUNKS_P2=chunks_p2, EXPERTS_P2=experts_p2, BLOCK_M=block_m, ROWS=rows, num_warps=4,
+        CHUNKS_P2=chunks_p2, EXPERTS_P2=experts_p2, BLOCK_M=block_m, ROWS=rows, PDL=pdl, launch_pdl=pdl, num_warps=4,
     )
     _align_scatter_kernel[(num_chunks,)](
         local, rank, counts, sorted_ids, num_chunks, num_pairs,
-        CHUNK=chunk, CHUNKS_P2=chunks_p2, EXPERTS_P2=experts_p2, BLOCK_M=block_m, num_warps=8,
+        CHUNK=chunk, CHUNKS_P2=chunks_p2, EXPERTS_P2=experts_p2, BLOCK_M=block_m, PDL=pdl, launch_pdl=pdl, num_warps=8,
     )
     return sorted_ids, block_experts, num_padded
 

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.ops._pdl import start_dependent, use_pdl
 from atom_kernels.ops.topk_routing.reference import check_args
 
 MAX_EXPERTS = 4096
@@ -29,7 +30,9 @@ def _topk_routing_kernel(
     GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr, GROUPS_P2: tl.constexpr, GROUP_SIZE_P2: tl.constexpr,
     TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr,
     SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
     token = tl.program_id(0).to(tl.int64)
     group = tl.arange(0, GROUPS_P2)
     member = tl.arange(0, GROUP_SIZE_P2)
@@ -94,6 +97,7 @@ def topk_routing(router_logits, top_k, *, scoring="softmax", renormalize=True, c
     groups = n_group if n_group > 1 else 1
     group_size = experts // groups
     if tokens > 0:
+        pdl = use_pdl(router_logits.device)
         _topk_routing_kernel[(tokens,)](
             router_logits, router_logits.stride(0),
             correction_bias if correction_bias is not None else router_logits, weights, ids,
@@ -102,6 +106,6 @@ def topk_routing(router_logits, top_k, *, scoring="softmax", renormalize=True, c
             GROUPS_P2=triton.next_power_of_2(groups), GROUP_SIZE_P2=triton.next_power_of_2(group_size),
             TOPK_GROUP=topk_group if groups > 1 else 1, TOP_K=top_k, TOP_K_P2=triton.next_power_of_2(top_k),
             SIGMOID=scoring == "sigmoid", HAS_BIAS=correction_bias is not None, RENORMALIZE=renormalize,
-            num_warps=1 if experts <= 256 else 4,
+            PDL=pdl, launch_pdl=pdl, num_warps=1 if experts <= 256 else 4,
         )
     return weights, ids
