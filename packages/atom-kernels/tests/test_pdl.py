@@ -120,3 +120,17 @@ def test_every_mxfp4_backend_takes_static_weights(backend):
     for fn in (module.mxfp4_mm, getattr(module, "unsupported", None)):
         if fn is not None:
             inspect.signature(fn).bind("x", "w", "w_scale", None, layout="lanes", static_weights=True)
+
+
+def test_launch_pdl_is_only_passed_when_on():
+    """Triton's ROCm backend has no ``launch_pdl`` option and rejects the keyword even when false, so every launch
+    passes it through ``launch_options``, which leaves it out when PDL is off."""
+    from pathlib import Path
+
+    import atom_kernels
+    from atom_kernels.ops._pdl import launch_options
+
+    assert launch_options(False) == {} and launch_options(True) == {"launch_pdl": True}
+    src = Path(atom_kernels.__file__).parent
+    direct = [str(p.relative_to(src)) for p in src.rglob("*.py") if p.name != "_pdl.py" and "launch_pdl" in p.read_text()]
+    assert not direct, direct

@@ -44,6 +44,12 @@ def use_pdl(device: torch.device) -> bool:
     return pdl_supported(capability, torch.version.hip is not None, triton_interpreting())
 
 
+def launch_options(pdl: bool) -> dict:
+    """The launch keywords for a kernel launched with PDL or without: ``launch_pdl`` only when on, because Triton's
+    ROCm backend has no such option and rejects the keyword even when it is false."""
+    return {"launch_pdl": True} if pdl else {}
+
+
 @triton.jit
 def start_dependent(PDL: tl.constexpr):
     """First thing in a kernel launched with ``launch_pdl=PDL``: let the next kernel launch, then wait for the

@@ -58,6 +58,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
 
+from atom_kernels.ops._pdl import launch_options
 from atom_kernels.ops.mxfp4_mm.triton_small_m import DECODE_ASM  # one word -> four bf16x2 registers
 
 MAX_REGISTERS = 128  # per thread: 4 programs of 4 warps per SM (uncapped, 16 tokens took 164: 3 programs)
@@ -287,7 +288,7 @@ def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int,
         K=k, K_SPLIT=p["k_split"], SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=p["block_n"], BLOCK_M=block_m,
         BLOCK_K=p["block_k"], STAGES=p["stages"], SHIFT=shift, EVEN_N=n % p["block_n"] == 0, LANES=lanes,
         PDL=p["pdl"], STATIC_WEIGHTS=static_weights,
-        num_warps=p["num_warps"], maxnreg=MAX_REGISTERS, launch_pdl=p["pdl"],
+        num_warps=p["num_warps"], maxnreg=MAX_REGISTERS, **launch_options(p["pdl"]),
     )
 
 

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._pdl import start_dependent, use_pdl
+from atom_kernels.ops._pdl import launch_options, start_dependent, use_pdl
 
 MAX_HIDDEN = 65536
 
@@ -65,7 +65,7 @@ def rms_norm(x, weight, eps, residual=None, weight_offset=0.0):
         _rms_norm_kernel[(x2.shape[0],)](
             x2, x2.stride(0), res2, res2.stride(0), summed, summed.stride(0), out, out.stride(0), weight,
             hidden, eps, weight_offset,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, num_warps=num_warps, **launch_options(pdl),
         )
     if residual is None:
         return out.view(x.shape)

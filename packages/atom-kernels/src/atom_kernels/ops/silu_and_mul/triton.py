@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._pdl import start_dependent, use_pdl
+from atom_kernels.ops._pdl import launch_options, start_dependent, use_pdl
 
 
 def unsupported(x) -> str | None:
@@ -38,6 +38,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] > 0 and inter > 0:
         pdl = use_pdl(x.device)
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(inter, block))](
-            x2, x2.stride(0), out, out.stride(0), inter, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl,
+            x2, x2.stride(0), out, out.stride(0), inter, BLOCK=block, PDL=pdl, num_warps=4, **launch_options(pdl),
         )
     return out.view(*x.shape[:-1], inter)
