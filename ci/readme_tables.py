@@ -85,6 +85,8 @@ def _latest_rows(suite: str) -> tuple[dict, list[dict]]:
     for folder in sorted(RESULTS.glob("*-h200"), reverse=True):
         for path in sorted(folder.glob("*.json")):
             data = json.loads(path.read_text())
+            if not isinstance(data, dict):  # experiment data beside the bench output
+                continue
             rows = data.get("suites", {}).get(suite)
             if isinstance(rows, list):
                 return data["context"], rows

@@ -102,6 +102,11 @@ _BLOCK_M = 16
 # gl.warp_specialize were no faster: 16.1 / 23.6), the 4-byte activation copies (natural K order with 16-byte
 # copies: -0.3 / -2.9 us) and the decode (a 9 + 4 op decode: -0.6 / -1.1 us).  The last two need the codes
 # repacked at load; all four together reach 12.9 / 13.9 us (timing only).
+# Tried on the PDL ring kernel and reverted (``bench/results/2026-12-01T1350-h200``, patches there; 14.3 / 16.0 us):
+# the split-K sum inside a thread-block cluster through distributed shared memory (bitwise equal, but the H200 holds
+# 124 active 4-CTA clusters, fewer than 128 column blocks: 20.8 / 23.1 us; where they fit it saves nothing: the wait
+# is for the slowest program of a column block), an asynchronous MMA (no change), 128-row blocks with 128-wide steps
+# (15.2 / 19.1) and 128-wide steps with rings of 2-6 slots (18.5-25 us: a program's time follows its step count).
 # Default: wgmma, 64 columns, 256-wide K steps, ~4 programs per SM; the ring kernel with 2 stages where it
 # applies, else one stage of register loads (best on both 8192 cases).
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
