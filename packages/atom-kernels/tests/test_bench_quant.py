@@ -62,3 +62,18 @@ def test_mxfp4_bench_rows(monkeypatch):
     target = [r for r in rows if r.get("summary") == "mxfp4-vs-bf16"]
     assert [r["M"] for r in target] == [1, 16] and target[0]["speedup_default"] == 1.0
     assert target[0]["atom_triton_after_rms_norm_us"] == 0.0 and "bf16_cublas_after_plain_copy_us" in target[0]
+
+
+def test_mxfp4_sweep_rows_take_the_layout_their_kernel_reads(monkeypatch):
+    """A sweep configuration the ring kernel serves is timed in the layers' byte order (as the default is), one the
+    register-load kernel serves in the checkpoint's (the only one it reads)."""
+    import torch
+
+    from atom_kernels.bench import mxfp4
+    from atom_kernels.ops.mxfp4_mm import triton_small_m
+
+    monkeypatch.setattr(triton_small_m, "ring_serves", lambda x, n, cfg: dict(triton_small_m.DEFAULT, **cfg)["loads"] == "ring")
+    x = torch.zeros(1, 256)
+    assert mxfp4.sweep_layout({"stages": 3}, x, 64, "lanes") == "lanes"
+    assert mxfp4.sweep_layout({"loads": "registers"}, x, 64, "lanes") == "rows"
+    assert mxfp4.sweep_layout({"stages": 3}, x, 64, "rows") == "rows"

@@ -8,7 +8,7 @@ import torch
 from helpers import randn
 
 from atom_kernels import ExpertQuant, formats, fused_moe, mxfp4_mm, rms_norm, silu_and_mul, topk_routing
-from atom_kernels.ops._pdl import pdl_supported, use_pdl
+from atom_kernels.ops._pdl import pdl_keywords, pdl_supported, use_pdl
 from atom_kernels.ops.mxfp4_mm import preferred_layout
 
 CUDA = torch.cuda.is_available()
@@ -22,6 +22,7 @@ def test_pdl_supported_only_on_nvidia_sm90_and_up():
     assert not pdl_supported((9, 0), hip=False, interpreting=True)
     assert not pdl_supported(None, hip=False, interpreting=False)
     assert not use_pdl(torch.device("cpu"))
+    assert pdl_keywords(torch.device("cpu")) == {"PDL": False}  # no launch_pdl keyword when off
 
 
 def _graph_equals_one_op_at_a_time(chain, x, gen):

@@ -90,6 +90,13 @@ def predecessor_rows(base: dict, impl: str, gemm, x: torch.Tensor, nbytes: float
     return rows
 
 
+def sweep_layout(cfg: dict, x: torch.Tensor, n: int, preferred: str) -> str:
+    """The byte order a small-M sweep configuration is timed in: the layers' (``preferred``) where the ring kernel
+    serves that configuration, since it reads it fastest, else the checkpoint's, the only one the register-load
+    kernel reads."""
+    return preferred if triton_small_m.ring_serves(x, n, cfg) else "rows"
+
+
 def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True) -> list[dict]:
     """bf16 cuBLAS and ATOM's MXFP4 kernels for one (N, K, M)."""
     dev, bf16 = ctx.get("device", "cuda"), torch.bfloat16
@@ -114,8 +121,8 @@ def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True)
     # device ("lanes" on sm_90 where K % 256 == 0); where that is not the checkpoint's, a row for the checkpoint's.
     layout = preferred_layout(n, k, x.device)
     candidates = [("atom-triton", None, layout)] + ([("atom-triton rows-layout", None, "rows")] if layout != "rows" else [])
-    if sweep:
-        candidates += [("small-m sweep", cfg, "rows") for cfg in triton_small_m.SWEEP if cfg]  # {} is the default
+    if sweep:  # {} is the default; each configuration in the byte order a layer would give its kernel
+        candidates += [("small-m sweep", cfg, sweep_layout(cfg, x, n, layout)) for cfg in triton_small_m.SWEEP if cfg]
         candidates += [("mma sweep", cfg, "rows") for cfg in mma_triton.SWEEP]
     for impl, cfg, row_layout in candidates:
         row = {**base, "impl": impl, "config": json.dumps(cfg) if cfg is not None else "default", "layout": row_layout}

@@ -50,6 +50,13 @@ def launch_options(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
+def pdl_keywords(device: torch.device) -> dict:
+    """The keywords of a launch on ``device`` of a kernel with a ``PDL`` constexpr: ``PDL`` (whether the kernel
+    runs its ``griddepcontrol`` instructions) and, when on, the launch option."""
+    pdl = use_pdl(device)
+    return {"PDL": pdl, **launch_options(pdl)}
+
+
 @triton.jit
 def start_dependent(PDL: tl.constexpr):
     """First thing in a kernel launched with ``launch_pdl=PDL``: let the next kernel launch, then wait for the

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.dispatch import triton_interpreting
-from atom_kernels.ops._pdl import launch_options, start_dependent, use_pdl
+from atom_kernels.ops._pdl import pdl_keywords, start_dependent
 from atom_kernels.ops._triton_common import dot_acc, grouped_tile
 from atom_kernels.ops.fused_moe.configs import MoeKernelConfig, config_for, fit_shared_memory
 from atom_kernels.ops.fused_moe.reference import check_args
@@ -187,14 +187,14 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant
     act = torch.empty((sorted_ids.numel(), inter), dtype=hidden.dtype, device=hidden.device)
     ieee = hidden.dtype == torch.float32
     upcast = triton_interpreting()  # the CPU interpreter's bf16/fp16 dot is not exact; the GPU's is
-    pdl = use_pdl(hidden.device)
+    pdl_launch = pdl_keywords(hidden.device)
     up, down = cfg.up, cfg.down
     _moe_up_kernel[_launch_grid(num_row_blocks, inter, up.block_n)](
         hidden, hidden.stride(0), w13, w13.stride(0), w13.stride(1), act, sorted_ids, block_experts,
         num_pairs, num_row_blocks,
         TOP_K=top_k, H=size, I=inter, BLOCK_M=cfg.block_m, BLOCK_N=up.block_n, BLOCK_K=up.block_k,
         GROUP_M=cfg.group_m, IEEE=ieee, UPCAST=upcast,
-        PDL=pdl, **launch_options(pdl), num_warps=up.num_warps, num_stages=up.num_stages,
+        **pdl_launch, num_warps=up.num_warps, num_stages=up.num_stages,
     )
     pair_out = out if top_k == 1 else torch.empty((num_pairs, size), dtype=hidden.dtype, device=hidden.device)
     _moe_down_kernel[_launch_grid(num_row_blocks, size, down.block_n)](
@@ -202,13 +202,13 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant
         num_pairs, num_row_blocks,
         H=size, I=inter, BLOCK_M=cfg.block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k,
         GROUP_M=cfg.group_m, IEEE=ieee, UPCAST=upcast,
-        PDL=pdl, **launch_options(pdl), num_warps=down.num_warps, num_stages=down.num_stages,
+        **pdl_launch, num_warps=down.num_warps, num_stages=down.num_stages,
     )
     if top_k > 1:
         block_h = min(1024, triton.next_power_of_2(size))
         ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
         _moe_sum_kernel[(tokens, triton.cdiv(size, block_h))](
             pair_out, ids, expert_map if has_map else ids, out, out.stride(0),
-            TOP_K=top_k, H=size, BLOCK_H=block_h, HAS_MAP=has_map, PDL=pdl, **launch_options(pdl), num_warps=4,
+            TOP_K=top_k, H=size, BLOCK_H=block_h, HAS_MAP=has_map, **pdl_launch, num_warps=4,
         )
     return out

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._pdl import launch_options, start_dependent, use_pdl
+from atom_kernels.ops._pdl import pdl_keywords, start_dependent
 from atom_kernels.ops.moe_align import max_blocks
 from atom_kernels.ops.moe_align.reference import check_args
 
@@ -172,7 +172,7 @@ def moe_align_block_size(topk_ids, num_experts, block_m, expert_map=None):
     num_padded = torch.zeros((1,), dtype=torch.int32, device=device)
     if num_pairs == 0:
         return sorted_ids, block_experts, num_padded
-    pdl = use_pdl(device)
+    pdl_launch = pdl_keywords(device)
     experts_p2 = triton.next_power_of_2(num_experts)
     rows = max(ROWS_PER_PROGRAM, block_m)
     tiles = triton.cdiv(max_rows, rows)
@@ -182,7 +182,7 @@ def moe_align_block_size(topk_ids, num_experts, block_m, expert_map=None):
         _align_single_chunk_kernel[(tiles,)](
             ids, map_arg, sorted_ids, block_experts, num_padded, num_pairs, num_experts, max_rows, blocks,
             HAS_MAP=has_map, PAIRS_P2=triton.next_power_of_2(num_pairs), EXPERTS_P2=experts_p2,
-            BLOCK_M=block_m, ROWS=rows, PDL=pdl, **launch_options(pdl), num_warps=4,
+            BLOCK_M=block_m, ROWS=rows, **pdl_launch, num_warps=4,
         )
         return sorted_ids, block_experts, num_padded
     chunk = chunk_size(experts_p2, num_pairs)
@@ -193,15 +193,15 @@ def moe_align_block_size(topk_ids, num_experts, block_m, expert_map=None):
     counts = torch.empty((num_chunks, experts_p2), dtype=torch.int32, device=device)
     _align_count_kernel[(num_chunks,)](
         ids, map_arg, local, rank, counts, num_pairs, num_experts,
-        HAS_MAP=has_map, CHUNK=chunk, EXPERTS_P2=experts_p2, PDL=pdl, **launch_options(pdl), num_warps=8,
+        HAS_MAP=has_map, CHUNK=chunk, EXPERTS_P2=experts_p2, **pdl_launch, num_warps=8,
     )
     _align_layout_kernel[(tiles,)](
         counts, sorted_ids, block_experts, num_padded, num_chunks, num_pairs, max_rows, blocks,
-        CHUNKS_P2=chunks_p2, EXPERTS_P2=experts_p2, BLOCK_M=block_m, ROWS=rows, PDL=pdl, **launch_options(pdl), num_warps=4,
+        CHUNKS_P2=chunks_p2, EXPERTS_P2=experts_p2, BLOCK_M=block_m, ROWS=rows, **pdl_launch, num_warps=4,
     )
     _align_scatter_kernel[(num_chunks,)](
         local, rank, counts, sorted_ids, num_chunks, num_pairs,
-        CHUNK=chunk, CHUNKS_P2=chunks_p2, EXPERTS_P2=experts_p2, BLOCK_M=block_m, PDL=pdl, **launch_options(pdl), num_warps=8,
+        CHUNK=chunk, CHUNKS_P2=chunks_p2, EXPERTS_P2=experts_p2, BLOCK_M=block_m, **pdl_launch, num_warps=8,
     )
     return sorted_ids, block_experts, num_padded
 

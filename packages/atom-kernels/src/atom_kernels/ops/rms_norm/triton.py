@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._pdl import launch_options, start_dependent, use_pdl
+from atom_kernels.ops._pdl import pdl_keywords, start_dependent
 
 MAX_HIDDEN = 65536
 
@@ -61,11 +61,11 @@ def rms_norm(x, weight, eps, residual=None, weight_offset=0.0):
         res2 = _rows(residual)
         summed = torch.empty_like(x2)
     if x2.shape[0] > 0:
-        pdl = use_pdl(x.device)
+        pdl_launch = pdl_keywords(x.device)
         _rms_norm_kernel[(x2.shape[0],)](
             x2, x2.stride(0), res2, res2.stride(0), summed, summed.stride(0), out, out.stride(0), weight,
             hidden, eps, weight_offset,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, num_warps=num_warps, **launch_options(pdl),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps, **pdl_launch,
         )
     if residual is None:
         return out.view(x.shape)

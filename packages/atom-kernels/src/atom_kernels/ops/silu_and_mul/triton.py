@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._pdl import launch_options, start_dependent, use_pdl
+from atom_kernels.ops._pdl import pdl_keywords, start_dependent
 
 
 def unsupported(x) -> str | None:
@@ -36,8 +36,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((x2.shape[0], inter), dtype=x.dtype, device=x.device)
     block = min(triton.next_power_of_2(max(inter, 1)), 1024)
     if x2.shape[0] > 0 and inter > 0:
-        pdl = use_pdl(x.device)
+        pdl_launch = pdl_keywords(x.device)
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(inter, block))](
-            x2, x2.stride(0), out, out.stride(0), inter, BLOCK=block, PDL=pdl, num_warps=4, **launch_options(pdl),
+            x2, x2.stride(0), out, out.stride(0), inter, BLOCK=block, num_warps=4, **pdl_launch,
         )
     return out.view(*x.shape[:-1], inter)

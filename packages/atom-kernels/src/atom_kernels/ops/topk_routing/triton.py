@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._pdl import launch_options, start_dependent, use_pdl
+from atom_kernels.ops._pdl import pdl_keywords, start_dependent
 from atom_kernels.ops.topk_routing.reference import check_args
 
 MAX_EXPERTS = 4096
@@ -97,7 +97,7 @@ def topk_routing(router_logits, top_k, *, scoring="softmax", renormalize=True, c
     groups = n_group if n_group > 1 else 1
     group_size = experts // groups
     if tokens > 0:
-        pdl = use_pdl(router_logits.device)
+        pdl_launch = pdl_keywords(router_logits.device)
         _topk_routing_kernel[(tokens,)](
             router_logits, router_logits.stride(0),
             correction_bias if correction_bias is not None else router_logits, weights, ids,
@@ -106,6 +106,6 @@ def topk_routing(router_logits, top_k, *, scoring="softmax", renormalize=True, c
             GROUPS_P2=triton.next_power_of_2(groups), GROUP_SIZE_P2=triton.next_power_of_2(group_size),
             TOPK_GROUP=topk_group if groups > 1 else 1, TOP_K=top_k, TOP_K_P2=triton.next_power_of_2(top_k),
             SIGMOID=scoring == "sigmoid", HAS_BIAS=correction_bias is not None, RENORMALIZE=renormalize,
-            PDL=pdl, **launch_options(pdl), num_warps=1 if experts <= 256 else 4,
+            **pdl_launch, num_warps=1 if experts <= 256 else 4,
         )
     return weights, ids
