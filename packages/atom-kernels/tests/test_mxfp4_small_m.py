@@ -282,3 +282,32 @@ def test_ring_kernel_cuda_graph_capturable(rng):
     w, s = (t.cuda() for t in _weight(384, 2048, rng))
     bias = randn(384, dtype=torch.bfloat16, device="cuda", gen=rng)
     assert_graph_capturable(lambda: small.mxfp4_mm_small_m(x, w, s, bias, {"loads": "ring", "split_k": 4}), x)
+
+
+def test_resident_scales_fit():
+    """The ring kernel keeps a program's whole scale slice resident when the plan asks for it (the default) and it
+    takes at most ``RESIDENT_SCALE_BYTES`` of shared memory; otherwise each step's scales ride in its ring slot."""
+    p = small.plan(1, 8192, 8192, torch.device("cpu"), {"loads": "ring", "split_k": 4})
+    assert small.DEFAULT["resident_scales"] and small.resident_scales_fit(p)  # 2048 / 32 bytes x 64 rows
+    assert not small.resident_scales_fit(dict(p, resident_scales=False))
+    assert small.resident_scales_fit(dict(p, k_split=8192)) and not small.resident_scales_fit(dict(p, k_split=16384))
+    assert not small.resident_scales_fit(dict(p, block_n=128, k_split=8192))
+
+
+@pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+@pytest.mark.parametrize("static_weights", [False, True])
+@pytest.mark.parametrize("m,n,k,config", [(1, 8192, 8192, {}), (5, 1000, 4096, {}), (16, 640, 2048, {"split_k": 2}),
+                                          (9, 2944, 16384, {}), (13, 384, 4096, {"num_warps": 8, "block_n": 128})])
+def test_resident_scales_equal_ring_slot_scales(rng, m, n, k, config, static_weights):
+    """Weights in the "lanes" order with the scales resident (copied once per program) give bitwise the outputs of
+    the same kernel copying each step's scales into its ring slot."""
+    w, s = (t.cuda() for t in _weight(n, k, rng))
+    lanes = formats.mxfp4_rows_to_lanes(w)
+    x = randn(m, k, gen=rng, dtype=torch.bfloat16, device="cuda")
+    bias = randn(n, gen=rng, dtype=torch.bfloat16, device="cuda")
+    config = dict(config, loads="ring")
+    assert small.ring_serves(x, n, config) and small.resident_scales_fit(small.plan(m, n, k, x.device, config))
+    outs = [small.mxfp4_mm_small_m(x, lanes, s, bias, dict(config, resident_scales=resident), layout="lanes",
+                                   static_weights=static_weights) for resident in (True, False)]
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    assert_close(outs[0].cpu(), mxfp4_mm.call_backend("reference", x.cpu(), w.cpu(), s.cpu(), bias.cpu()), x.dtype)

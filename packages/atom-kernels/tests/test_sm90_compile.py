@@ -141,13 +141,34 @@ def test_mxfp4_small_m_ring_kernel_reads_lanes_layout(compiled, name):
     assert not moved, moved
 
 
+@pytest.mark.parametrize("name", ["small_m_ring_lanes_m8_resident", "small_m_ring_lanes_m16_resident",
+                                  "small_m_ring_lanes_m16_w8_resident"])
+def test_mxfp4_small_m_ring_kernel_resident_scales(compiled, name):
+    """With the scales resident (each program copies its whole scale slice once, a row's 8 bytes per step in one
+    8-byte copy, 8 steps), the K loop copies only weight runs and activations (16-byte copies), reads each step's scales
+    as 8-byte rows (LDS.64) straight into the decode's registers (no layout conversion: no shared-memory store or
+    shuffle), without spills."""
+    case = _ok(compiled, name)
+    loop, sass = case["loop_sass"], case["sass"]
+    assert case["spill_bytes"] == 0 and case["registers"] <= 128, case
+    runs = 4 + (2 if "_m8" in name or "_w8" in name else 4)  # weight runs + activations (shared by 2 warpgroups)
+    assert loop.get("LDGSTS.E.BYPASS.128", 0) == runs and not loop.get("LDGSTS.E", 0), sorted(loop.items())
+    assert not loop.get("LDGSTS.E.64", 0) and sass.get("LDGSTS.E.64", 0) == 8, sorted(sass.items())
+    assert loop.get("LDS.64", 0) >= 2, sorted(loop.items())
+    assert loop.get("PRMT", 0) >= 64 and loop.get("HMUL2.BF16_V2", 0) >= 64, sorted(loop)
+    moved = {op: n for op, n in loop.items() if op.startswith(("STS", "STSM", "SHFL"))}
+    assert not moved, moved
+
+
 @pytest.mark.parametrize("name", ["rms_norm_pdl", "silu_and_mul_pdl", "small_m_ring_lanes_m8", "small_m_ring_lanes_m16",
-                                  "small_m_ring_lanes_m8_static"])
+                                  "small_m_ring_lanes_m8_static", "small_m_ring_lanes_m8_resident",
+                                  "small_m_ring_lanes_m8_static_resident"])
 def test_programmatic_dependent_launch(compiled, name):
     """Kernels launched with programmatic dependent launch let the next kernel launch (PREEXIT, from
     ``griddepcontrol.launch_dependents``) and wait for the previous one (ACQBULK, ``griddepcontrol.wait``) before any
     load of what it may have written; the MXFP4 ring kernel with ``static_weights`` copies exactly its first step's
-    weight runs (four 16-byte copies) and scale bytes (one 4-byte copy) before the wait, and nothing else."""
+    weight runs (four 16-byte copies) and scale bytes (one 4-byte copy, or with resident scales the whole slice: eight
+    8-byte copies) before the wait, and nothing else."""
     case = _ok(compiled, name)
     sass, before = case["sass"], case["before_wait"]
     assert sass.get("ACQBULK") == 1 and sass.get("PREEXIT") == 1, sorted(sass)
@@ -155,5 +176,7 @@ def test_programmatic_dependent_launch(compiled, name):
     loads = {op: n for op, n in before.items() if op.startswith(("LDG", "LDS", "ATOM", "RED"))}
     if name.endswith("_static"):
         assert loads == {"LDGSTS.E.BYPASS.128": 4, "LDGSTS.E": 1}, loads
+    elif name.endswith("_static_resident"):
+        assert loads == {"LDGSTS.E.BYPASS.128": 4, "LDGSTS.E.64": 8}, loads
     else:
         assert not loads, loads

@@ -23,6 +23,15 @@ past ``M`` zero-filled (a re-read row would come from L2: 16-byte copies bypass 
 scale groups of its row blocks (word ``j`` of every thread is in group ``j``).  H200, N=K=8192: 16 tokens
 19.6 -> 17.6 us, 8 tokens 17.2 -> 16.5, 1 token unchanged (``bench/results/2026-12-01T0300-h200``).
 
+Resident scales (``p["resident_scales"]``, the default, with "lanes" weights where ``resident_scales_fit``): each
+program copies its whole scale slice once, a row's 8 scale bytes of every K step in one 8-byte copy, into a
+``[steps, rows, 8]`` buffer, before its K loop (before the PDL wait with ``static_weights``), and each step reads its
+rows' bytes straight in the decode's register layout (``_scale_step_layout``, checked trivial by the compiler).  Per
+step the scales were a 4-byte copy per row block into the ring slot: 18x the ideal shared-memory wavefronts (Nsight
+Compute, ``bench/results/2026-12-01T0215-h200``) and, timed without them, 1 us of the kernel.  Bitwise the same
+results; H200, N=K=8192, back to back, 1 / 8 / 16 tokens: 14.4 / 15.0 / 16.2 -> 13.7 / 14.5 / 15.4 us
+(``bench/results/2026-12-01T1350-h200``).
+
 Programmatic dependent launch (PDL, ``p["pdl"]``, the default): the kernel is launched so that it may start while
 the kernel before it on the stream still runs, lets the next kernel launch as soon as all its own programs have
 started (``griddepcontrol.launch_dependents``), and waits for the previous kernel (``griddepcontrol.wait``) before
@@ -59,7 +68,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
 
 from atom_kernels.ops._pdl import launch_options
-from atom_kernels.ops.mxfp4_mm.triton_small_m import DECODE_ASM  # one word -> four bf16x2 registers
+from atom_kernels.ops.mxfp4_mm.triton_small_m import DECODE_ASM, resident_scales_fit  # DECODE_ASM: word -> 4 bf16x2
 
 MAX_REGISTERS = 128  # per thread: 4 programs of 4 warps per SM (uncapped, 16 tokens took 164: 3 programs)
 RUN_WORDS = gl.constexpr(16)  # words of one 128-element block (4 threads x 4 words)
@@ -125,16 +134,46 @@ def _grid_dependency(asm: gl.constexpr):
     gl.inline_asm_elementwise(asm + " // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
+@gluon.constexpr_function
+def _scale_step_layout(block_n, warpgroups, groups):
+    """Registers of one K step's scales ``[block_n rows, groups]`` as the lanes decode wants them: each thread the
+    ``groups`` bytes of its rows ``l + 16 w + 8 r + 64 a`` (the 4 threads of a row alike), in the register order of
+    ``SCALE_LANES`` (groups 0-3 of a block, row + 8, next block, next repeat), so that the reshape to
+    ``[g, l, w, r, b, a]`` needs no data movement."""
+    regs = [[0, 1], [0, 2], [8, 0]] + [[0, 4 << i] for i in range((groups // 4).bit_length() - 1)]
+    regs += [[64 * warpgroups << i, 0] for i in range((block_n // (64 * warpgroups)).bit_length() - 1)]
+    lanes = [[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]]
+    warps = [[16, 0], [32, 0]] + ([[64, 0]] if warpgroups == 2 else [])
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [block_n, groups])
+
+
+@gluon.constexpr_function
+def _scale_fill_layout(block_n, warpgroups, groups):
+    """One step's scales ``[block_n rows, groups]`` for the copy: a row's ``groups`` bytes per thread (one copy);
+    threads beyond the rows hold duplicates, which the copy masks off."""
+    row_warps = min(block_n // 32, 4 * warpgroups)
+    return gl.BlockedLayout([1, groups], [32, 1], [row_warps, 4 * warpgroups // row_warps], [1, 0])
+
+
 @gluon.jit
-def _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k0, slot):
+def _copy_scales(scales_smem, s_ptr, f_off, g0, STEPS: gl.constexpr, GS: gl.constexpr):
+    """Copy a program's whole scale slice (groups from ``g0``) into ``scales_smem [STEPS, rows, GS]``."""
+    for s in gl.static_range(STEPS):
+        async_copy.async_copy_global_to_shared(scales_smem.index(s), s_ptr + (f_off + (g0 + s * GS)))
+
+
+@gluon.jit
+def _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k0, slot, SCALES: gl.constexpr):
     async_copy.async_copy_global_to_shared(w_smem.index(slot), w_ptr + (w_off + k0 // 8))
-    async_copy.async_copy_global_to_shared(s_smem.index(slot), s_ptr + (s_off + k0 // 32))
+    if SCALES:  # (else the program's scales are already resident)
+        async_copy.async_copy_global_to_shared(s_smem.index(slot), s_ptr + (s_off + k0 // 32))
 
 
 @gluon.jit
-def _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k0, slot):
+def _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k0, slot,
+                  SCALES: gl.constexpr):
     """Start the copies of the K step at ``k0`` into ring slot ``slot``."""
-    _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k0, slot)
+    _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k0, slot, SCALES)
     async_copy.async_copy_global_to_shared(x_smem.index(slot), x_ptr + (x_off + k0), mask=x_mask)
 
 
@@ -145,11 +184,13 @@ def _mxfp4_small_m_ring_kernel(
     K: gl.constexpr, K_SPLIT: gl.constexpr, SPLIT_K: gl.constexpr, HAS_BIAS: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
     SHIFT: gl.constexpr, EVEN_N: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr = False,
-    STATIC_WEIGHTS: gl.constexpr = False,
+    STATIC_WEIGHTS: gl.constexpr = False, RESIDENT_SCALES: gl.constexpr = False,
 ):
     R: gl.constexpr = BLOCK_N // 64
     NB: gl.constexpr = BLOCK_K // 128
     STEPS: gl.constexpr = K_SPLIT // BLOCK_K
+    GS: gl.constexpr = BLOCK_K // 32  # scale groups per row and step
+    RESIDENT: gl.constexpr = RESIDENT_SCALES and LANES  # the program's scales copied once, 8-byte runs
     # Register layouts: words as the MMA operand holds the rows, 4 words per thread; scales copied 4 bytes per
     # thread and read one byte per thread; activations 2 values per thread; the MMA and its A operand.
     # Warpgroup g of WG owns the 64-row repeats a = g (mod WG): warp w + 4 g, as the MMA layout orders them.
@@ -172,8 +213,13 @@ def _mxfp4_small_m_ring_kernel(
 
     w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, 8, 4, 2, NB, R, RUN_WORDS],
                                        gl.SwizzledSharedLayout(1, 1, 1, [5, 0, 1, 2, 3, 4]))
-    s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, 4, 8, 4, 2, NB, R],
-                                       gl.SwizzledSharedLayout(1, 1, 1, [0, 1, 2, 3, 4, 5]))
+    if RESIDENT:  # the program's whole scale slice, [step, row, group], copied once
+        SCALE_FILL: gl.constexpr = _scale_fill_layout(BLOCK_N, WG, GS)
+        SCALE_STEP: gl.constexpr = _scale_step_layout(BLOCK_N, WG, GS)
+        s_smem = gl.allocate_shared_memory(gl.uint8, [STEPS, BLOCK_N, GS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    else:  # one step's scales per ring slot
+        s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, 4, 8, 4, 2, NB, R],
+                                           gl.SwizzledSharedLayout(1, 1, 1, [0, 1, 2, 3, 4, 5]))
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K],
                                        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 
@@ -209,12 +255,22 @@ def _mxfp4_small_m_ring_kernel(
     x_off = gl.minimum(rows_x, M - 1)[:, None] * stride_xm + kn[None, :]  # int32: at most 16 rows
 
     k_start = pid_k * K_SPLIT
+    if RESIDENT:  # [step, row, group] offsets of the program's whole scale slice: GS-byte runs per row and step
+        f_rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALE_FILL))
+        if not EVEN_N:
+            f_rows = gl.where(f_rows < N, f_rows, 0)
+        f_off = f_rows.to(gl.int64)[:, None] * (K // 32) + gl.arange(0, GS, layout=gl.SliceLayout(0, SCALE_FILL))[None, :]
+        if PDL and STATIC_WEIGHTS:  # static: before the wait, in the first copy group
+            _copy_scales(s_smem, s_ptr, f_off, k_start // 32, STEPS, GS)
     if PDL and STATIC_WEIGHTS:  # the caller says no recent kernel writes the weights: copy them before the wait
         for s in gl.static_range(STAGES - 1):
             if s < STEPS:
-                _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k_start + s * BLOCK_K, s)
+                _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k_start + s * BLOCK_K, s,
+                                     not RESIDENT)
     if PDL:
         _grid_dependency("griddepcontrol.wait;")  # the previous kernel's results (x, locks, ...) are visible now
+    if RESIDENT and not (PDL and STATIC_WEIGHTS):
+        _copy_scales(s_smem, s_ptr, f_off, k_start // 32, STEPS, GS)
     for s in gl.static_range(STAGES - 1):
         if s < STEPS:
             if PDL and STATIC_WEIGHTS:
@@ -222,7 +278,7 @@ def _mxfp4_small_m_ring_kernel(
                                                        mask=x_mask)
             else:
                 _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
-                              k_start + s * BLOCK_K, s)
+                              k_start + s * BLOCK_K, s, not RESIDENT)
         async_copy.commit_group()
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=MMA)
@@ -233,11 +289,15 @@ def _mxfp4_small_m_ring_kernel(
         ahead = step + STAGES - 1
         if ahead < STEPS:
             _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
-                          k_start + ahead * BLOCK_K, ahead % STAGES)
+                          k_start + ahead * BLOCK_K, ahead % STAGES, not RESIDENT)
         async_copy.commit_group()
         slot = step % STAGES
         words = w_smem.index(slot).load(WORDS)
-        if LANES:
+        if RESIDENT:  # [rows, groups] -> [g, l, w, r, b, a] (row l + 16 w + 8 r + 64 a, group 4 b + g)
+            e = gl.reshape(s_smem.index(step).load(SCALE_STEP), [R, 4, 2, 8, NB, 4])
+            e = gl.convert_layout(gl.permute(e, (5, 3, 1, 2, 4, 0)), gl.SliceLayout(6, SCALE_LANES), assert_trivial=True)
+            e = gl.expand_dims(e, 6).broadcast_to([4, 8, 4, 2, NB, R, 4])
+        elif LANES:
             e = gl.expand_dims(s_smem.index(slot).load(gl.SliceLayout(6, SCALE_LANES)), 6)
             e = e.broadcast_to([4, 8, 4, 2, NB, R, 4])  # the same 4 groups for the 4 threads of a row
         else:
@@ -287,7 +347,7 @@ def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int,
         n, m, x.stride(0), out.stride(0),
         K=k, K_SPLIT=p["k_split"], SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=p["block_n"], BLOCK_M=block_m,
         BLOCK_K=p["block_k"], STAGES=p["stages"], SHIFT=shift, EVEN_N=n % p["block_n"] == 0, LANES=lanes,
-        PDL=p["pdl"], STATIC_WEIGHTS=static_weights,
+        PDL=p["pdl"], STATIC_WEIGHTS=static_weights, RESIDENT_SCALES=lanes and resident_scales_fit(p),
         num_warps=p["num_warps"], maxnreg=MAX_REGISTERS, **launch_options(p["pdl"]),
     )
 

@@ -109,14 +109,19 @@ _BLOCK_M = 16
 # (15.2 / 19.1) and 128-wide steps with rings of 2-6 slots (18.5-25 us: a program's time follows its step count).
 # Default: wgmma, 64 columns, 256-wide K steps, ~4 programs per SM; the ring kernel with 2 stages where it
 # applies, else one stage of register loads (best on both 8192 cases).
+# Ring kernel on "lanes" weights (``resident_scales``): each program copies its whole scale slice once, 8-byte runs,
+# before its K loop (before the PDL wait with ``static_weights``) instead of one 4-byte copy per row block and step
+# (18x the ideal shared-memory wavefronts); bitwise the same results.  H200, N=K=8192, back to back: 1 / 8 / 16
+# tokens 14.4 / 15.0 / 16.2 -> 13.7 / 14.5 / 15.4 us (``bench/results/2026-12-01T1350-h200/resident-scales.json``).
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
-                     num_stages=1, loads="ring", stages=2, narrow_m=True, pdl=True)
+                     num_stages=1, loads="ring", stages=2, narrow_m=True, pdl=True, resident_scales=True)
 SWEEP: list[dict] = [
     dict(),
     dict(narrow_m=False),
     dict(stages=3),
     dict(stages=4),
     dict(pdl=False),  # the ring kernel without programmatic dependent launch
+    dict(resident_scales=False),  # the ring kernel copying each step's scale bytes into its ring slot
     dict(num_warps=8, block_n=128, waves=2),  # two warpgroups share the activation slots
     dict(loads="registers"),  # the register-load kernel (the default before the ring, and on other GPUs)
     dict(loads="registers", num_stages=3),
@@ -416,6 +421,15 @@ def ring_applies(p: dict, k: int, x_stride: int, x_address: int, capability: tup
             and p["reduce"] == "in_kernel" and k % 128 == 0 and p["block_k"] % 256 == 0
             and p["k_split"] * p["split"] == k and p["k_split"] >= 2 * p["block_k"]
             and x_stride % 2 == 0 and x_address % 4 == 0)
+
+
+RESIDENT_SCALE_BYTES = 16384  # shared memory a program's resident scale slice may take (4 programs per SM)
+
+
+def resident_scales_fit(p: dict) -> bool:
+    """Whether the ring kernel keeps a program's whole scale slice (``k_split / 32`` bytes per row) in shared memory
+    for a plan ``p`` that asks for it (``resident_scales``); otherwise each step's scales ride in its ring slot."""
+    return bool(p.get("resident_scales")) and p["k_split"] // MX_GROUP * p["block_n"] <= RESIDENT_SCALE_BYTES
 
 
 def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = None) -> dict:
