@@ -30,7 +30,7 @@ rows' bytes straight in the decode's register layout (``_scale_step_layout``, ch
 step the scales were a 4-byte copy per row block into the ring slot: 18x the ideal shared-memory wavefronts (Nsight
 Compute, ``bench/results/2026-12-01T0215-h200``) and, timed without them, 1 us of the kernel.  Bitwise the same
 results; H200, N=K=8192, back to back, 1 / 8 / 16 tokens: 14.4 / 15.0 / 16.2 -> 13.7 / 14.5 / 15.4 us
-(``bench/results/2026-12-01T1350-h200``).
+(``bench/results/2026-12-01T1435-h200``; the timing-only runs that found it: ``2026-12-01T1350-h200``).
 
 Programmatic dependent launch (PDL, ``p["pdl"]``, the default): the kernel is launched so that it may start while
 the kernel before it on the stream still runs, lets the next kernel launch as soon as all its own programs have

@@ -112,7 +112,7 @@ _BLOCK_M = 16
 # Ring kernel on "lanes" weights (``resident_scales``): each program copies its whole scale slice once, 8-byte runs,
 # before its K loop (before the PDL wait with ``static_weights``) instead of one 4-byte copy per row block and step
 # (18x the ideal shared-memory wavefronts); bitwise the same results.  H200, N=K=8192, back to back: 1 / 8 / 16
-# tokens 14.4 / 15.0 / 16.2 -> 13.7 / 14.5 / 15.4 us (``bench/results/2026-12-01T1350-h200/resident-scales.json``).
+# tokens 14.4 / 15.0 / 16.2 -> 13.7 / 14.5 / 15.4 us (``bench/results/2026-12-01T1435-h200/resident-scales.json``).
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
                      num_stages=1, loads="ring", stages=2, narrow_m=True, pdl=True, resident_scales=True)
 SWEEP: list[dict] = [
