@@ -19,9 +19,16 @@ def _weight(n, k, gen):
     return formats.quantize_mxfp4(w)
 
 
+def _lanes_bits(word: int) -> int:
+    """A byte-ordered word's bits as the lanes layout stores them (bit ``b`` <- bit ``LANES_BIT_SOURCES[b]``)."""
+    return sum(((word >> source) & 1) << b for b, source in enumerate(formats.LANES_BIT_SOURCES))
+
+
 def test_lanes_permutation():
-    """Inside each 64-byte block, byte ``16 t + 4 j + p`` of the lanes layout is byte ``16 j + 4 p + t`` of the
-    checkpoint's; the inverse restores it; the scale group of every byte is kept within its block."""
+    """Inside each 64-byte block, word ``4 t + j`` of the lanes layout holds bytes ``16 j + 4 p + t`` of the
+    checkpoint's (p = 0..3) with its bits permuted by ``LANES_BIT_SOURCES`` (a permutation of the 32 bits); the
+    inverse restores it; the scale group of every code is kept within its block."""
+    assert sorted(formats.LANES_BIT_SOURCES) == list(range(32))
     gen = torch.Generator().manual_seed(0)
     rows = torch.randint(0, 256, (3, 2, 192), generator=gen, dtype=torch.uint8)  # K = 384: 3 blocks
     lanes = formats.mxfp4_rows_to_lanes(rows)
@@ -29,10 +36,68 @@ def test_lanes_permutation():
     for block in range(3):
         for t in range(4):
             for j in range(4):
-                for p in range(4):
-                    assert torch.equal(lanes[..., 64 * block + 16 * t + 4 * j + p], rows[..., 64 * block + 16 * j + 4 * p + t])
+                byte_word = rows[..., [64 * block + 16 * j + 4 * p + t for p in range(4)]].long()
+                byte_word = sum(byte_word[..., p] << (8 * p) for p in range(4))
+                got = lanes[..., 64 * block + 16 * t + 4 * j:][..., :4].long()
+                got = sum(got[..., p] << (8 * p) for p in range(4))
+                want = torch.tensor([_lanes_bits(int(w)) for w in byte_word.flatten()]).view(got.shape)
+                assert torch.equal(got, want), (block, t, j)
     assert torch.equal(formats.mxfp4_lanes_to_rows(lanes), rows)
     assert torch.equal(formats.mxfp4_in_rows(lanes, "lanes"), rows) and formats.mxfp4_in_rows(rows, "rows") is rows
+
+
+def _run_decode_ptx(asm: str, word: int) -> list[int]:
+    """The integer part of ``LANES_DECODE_ASM`` on one word, instruction by instruction (its 5 opcodes), returning
+    the 4 registers it multiplies by the scale."""
+    regs, out = {"$4": word}, []
+
+    def val(a):
+        return regs[a] if a in regs else int(a, 0)
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        a = [x.strip() for x in args.split(",")]
+        if op == "and.b32":
+            regs[a[0]] = val(a[1]) & val(a[2])
+        elif op == "or.b32":
+            regs[a[0]] = val(a[1]) | val(a[2])
+        elif op == "shl.b32":
+            regs[a[0]] = (val(a[1]) << val(a[2])) & 0xFFFFFFFF
+        elif op == "shr.u32":
+            regs[a[0]] = val(a[1]) >> val(a[2])
+        elif op == "shf.l.wrap.b32":  # funnel shift of a[2]:a[1] left, upper word
+            r = val(a[3]) % 32
+            regs[a[0]] = ((val(a[2]) << 32 | val(a[1])) << r >> 32) & 0xFFFFFFFF
+        elif op == "mul.rn.bf16x2":
+            assert a[2] == "$5"
+            out.append(val(a[1]))
+        else:
+            raise AssertionError(f"unexpected instruction {line!r}")
+    return out
+
+
+def test_lanes_decode_every_code_pair():
+    """``LANES_DECODE_ASM`` (run by a model of its 5 PTX opcodes) on a lanes word gives exactly what ``DECODE_ASM``
+    gives on the byte-ordered word: the bf16 patterns of ``code * 2**-126``, for all 256 code pairs at all 4
+    positions (the other codes of the word random).  10 PTX integer instructions per word, 9 once ptxas merges the
+    mask and the OR of register 0 into one LOP3 (the sm_90 SASS tests count them); the byte order takes 13."""
+    asm = small.LANES_DECODE_ASM.value
+    integer_ops = [ln for ln in asm.splitlines() if ln.strip().split(" ")[0] in
+                   ("and.b32", "or.b32", "shl.b32", "shr.u32", "shf.l.wrap.b32", "prmt.b32")]
+    assert len(integer_ops) == 10
+    gen = torch.Generator().manual_seed(0)
+    expected = (formats.E2M1_VALUES * 2.0**-126).to(torch.bfloat16).view(torch.int16).int() & 0xFFFF
+    for pair in range(4):
+        for byte in range(256):
+            word = int(torch.randint(0, 2**32, (), generator=gen, dtype=torch.int64)) & ~(0xFF << (8 * pair))
+            word |= byte << (8 * pair)
+            regs = _run_decode_ptx(asm, _lanes_bits(word))
+            assert regs == [small.decode_pair_bits(word, p) for p in range(4)], (pair, byte)
+            assert small.decode_lanes_pair_bits(_lanes_bits(word), pair) == regs[pair]
+            assert regs[pair] & 0xFFFF == expected[byte & 15] and regs[pair] >> 16 == expected[byte >> 4], (pair, byte)
 
 
 def test_lanes_errors():

@@ -129,6 +129,64 @@ def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
 MXFP4_LAYOUTS = ("rows", "lanes")
 LANES_BLOCK = 128  # codes per block of the "lanes" layout (64 bytes, 4 scale groups)
 
+# The bits of each 32-bit word of the "lanes" layout.  The kernels decode a word into 4 registers, register ``p``
+# holding codes ``2 p`` (low half) and ``2 p + 1`` (high half) as bf16 bit patterns ``code * 2**-126``: sign at bit 15,
+# exponent bits 8-7, mantissa bit 6 (and 16 higher).  Register ``p`` is the OR of ``rotl(word, r) & mask`` over the
+# terms ``(mask, r)`` below, so the layout puts each code bit where those terms fetch it: 9 integer operations per word
+# (4 shifts, 5 and/or) where the byte-wise decode of the checkpoint's order takes 13.  (Rotations 2, 6, 12 and one of
+# two bits by 24 -- a shift by 8 -- are the cheapest cover of the word's 32 bits by 4 such sets: an exhaustive search
+# over rotations per bit, 2026-12-01.)
+LANES_PAIR_TERMS = (
+    ((0x81808180, 0), (0x00400040, 24)),
+    ((0x81C081C0, 2),),
+    ((0x81C081C0, 6),),
+    ((0x81C081C0, 12),),
+)
+_HALF_BIT_OF_NIBBLE_BIT = {15: 3, 8: 2, 7: 1, 6: 0}  # bf16 half bit -> e2m1 code bit (sign, exponent 1-0, mantissa)
+
+
+def _lanes_bit_sources() -> tuple[int, ...]:
+    """``source[b]``: the bit of the byte-ordered word (code ``i`` in bits ``4 i .. 4 i + 3``) stored at bit ``b`` of a
+    "lanes" word, from ``LANES_PAIR_TERMS``."""
+    source = [None] * 32
+    for pair, terms in enumerate(LANES_PAIR_TERMS):
+        for mask, rotation in terms:
+            for bit in (b for b in range(32) if mask >> b & 1):
+                code = 2 * pair + bit // 16
+                stored_at = (bit - rotation) % 32
+                if source[stored_at] is not None:
+                    raise AssertionError(f"LANES_PAIR_TERMS fetch bit {stored_at} twice")
+                source[stored_at] = 4 * code + _HALF_BIT_OF_NIBBLE_BIT[bit % 16]
+    if None in source:
+        raise AssertionError("LANES_PAIR_TERMS leave word bits unused")
+    return tuple(source)
+
+
+LANES_BIT_SOURCES = _lanes_bit_sources()
+
+
+def _byte_spread_tables(source: tuple[int, ...]) -> torch.Tensor:
+    """``[4, 256, 4]`` uint8: the 4 output bytes that byte ``i`` of a word with value ``v`` contributes to the word
+    whose bit ``b`` is input bit ``source[b]`` (so a word permutes as the OR of 4 table rows)."""
+    tables = torch.zeros(4, 256, 4, dtype=torch.uint8)
+    values = torch.arange(256)
+    for b, s in enumerate(source):
+        tables[s // 8, :, b // 8] |= (((values >> (s % 8)) & 1) << (b % 8)).to(torch.uint8)
+    return tables
+
+
+def _permute_word_bits(packed: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    words = packed.reshape(*packed.shape[:-1], -1, 4)  # little-endian 32-bit words
+    tables = tables.to(packed.device)
+    out = tables[0][words[..., 0].long()]
+    for i in range(1, 4):
+        out |= tables[i][words[..., i].long()]
+    return out.reshape(packed.shape)
+
+
+_TO_LANES_BITS = _byte_spread_tables(LANES_BIT_SOURCES)
+_FROM_LANES_BITS = _byte_spread_tables(tuple(LANES_BIT_SOURCES.index(b) for b in range(32)))
+
 
 def _lane_blocks(packed: torch.Tensor) -> torch.Tensor:
     k = packed.shape[-1] * 2
@@ -139,19 +197,22 @@ def _lane_blocks(packed: torch.Tensor) -> torch.Tensor:
 
 def mxfp4_rows_to_lanes(packed: torch.Tensor) -> torch.Tensor:
     """Checkpoint layout (``"rows"``: codes in K order, two per byte) -> ``"lanes"``: inside each 64-byte block
-    of 128 codes, byte ``16 t + 4 j + p`` holds the byte ``16 j + 4 p + t`` of the checkpoint (t, j, p in 0..3).
+    of 128 codes, word ``4 t + j`` (bytes ``16 t + 4 j .. + 3``) holds bytes ``16 j + 4 p + t`` (p = 0..3) of the
+    checkpoint, as its bytes ``p``, with its 32 bits then permuted by ``LANES_BIT_SOURCES`` (t, j, p in 0..3).
 
-    Why: the small-M MMA kernel's thread ``t`` of a row reads 16 bytes and decodes its word ``j``, byte ``p``
+    Why: the small-M MMA kernel's thread ``t`` of a row reads 16 bytes and decodes its word ``j``, pair ``p``
     into MMA K position ``32 j + 8 p + 2 t``; in this layout that position is the code's own K, so the
-    activations are copied in their natural order (``ops/mxfp4_mm/gluon_small_m.py``).  Same bytes, same
-    scales (word ``j`` of every thread lies in scale group ``j`` of the block); needs K % 128 == 0."""
+    activations are copied in their natural order (``ops/mxfp4_mm/gluon_small_m.py``), and each pair comes out of
+    one or two shifts and masks (``LANES_PAIR_TERMS``).  Same codes, same scales (word ``j`` of every thread lies in
+    scale group ``j`` of the block); needs K % 128 == 0."""
     blocks = _lane_blocks(packed)  # [..., block, j, p, t]
-    return blocks.permute(*range(blocks.dim() - 3), -1, -3, -2).reshape(packed.shape).contiguous()
+    moved = blocks.permute(*range(blocks.dim() - 3), -1, -3, -2).reshape(packed.shape).contiguous()
+    return _permute_word_bits(moved, _TO_LANES_BITS)
 
 
 def mxfp4_lanes_to_rows(packed: torch.Tensor) -> torch.Tensor:
     """The inverse of ``mxfp4_rows_to_lanes``."""
-    blocks = _lane_blocks(packed)  # [..., block, t, j, p]
+    blocks = _lane_blocks(_permute_word_bits(packed, _FROM_LANES_BITS))  # [..., block, t, j, p]
     return blocks.permute(*range(blocks.dim() - 3), -2, -1, -3).reshape(packed.shape).contiguous()
 
 

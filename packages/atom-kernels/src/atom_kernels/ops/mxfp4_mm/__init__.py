@@ -5,9 +5,10 @@
 * ``x``: ``[M, K]`` activations (bf16; fp32/fp16 take the reference path on a GPU);
 * ``w``: ``[N, K/2]`` uint8, two e2m1 codes per byte, element ``2i`` in the low nibble (K a multiple
   of 32); ``w_scale``: ``[N, K/32]`` uint8 e8m0 scales (``2**(e-127)``), one per 32 elements of a row;
-* ``layout``: ``"rows"`` (the checkpoint's byte order, above) or ``"lanes"`` (the same bytes permuted inside each
-  128-code block, ``formats.mxfp4_rows_to_lanes``: the order in which each MMA lane's decoded pairs are in natural K
-  order, so neither Triton kernel permutes its activations; K a multiple of 128).  ``preferred_layout(n, k,
+* ``layout``: ``"rows"`` (the checkpoint's byte order, above) or ``"lanes"`` (the same codes permuted inside each
+  128-code block and their bits inside each 32-bit word, ``formats.mxfp4_rows_to_lanes``: the order in which each MMA
+  lane's decoded pairs are in natural K order, so neither Triton kernel permutes its activations, and each pair
+  decodes in one or two shifts and masks; K a multiple of 128).  ``preferred_layout(n, k,
   device)`` says which one the kernels on ``device`` read faster;
 * ``static_weights``: the caller's promise that no kernel recently queued on the stream writes ``w`` or ``w_scale``
   (true of a layer's parameters while it serves): on sm_90 the small-M kernel may then start reading them before the

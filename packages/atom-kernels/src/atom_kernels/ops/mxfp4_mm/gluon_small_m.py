@@ -21,7 +21,9 @@ Weights in the ``"lanes"`` byte order (``LANES``; ``formats.mxfp4_rows_to_lanes`
 kernel's logical K order wants it, so the activations are copied in natural K order, 16 bytes at a time, rows
 past ``M`` zero-filled (a re-read row would come from L2: 16-byte copies bypass L1); each thread then reads the 4
 scale groups of its row blocks (word ``j`` of every thread is in group ``j``).  H200, N=K=8192: 16 tokens
-19.6 -> 17.6 us, 8 tokens 17.2 -> 16.5, 1 token unchanged (``bench/results/2026-12-01T0300-h200``).
+19.6 -> 17.6 us, 8 tokens 17.2 -> 16.5, 1 token unchanged (``bench/results/2026-12-01T0300-h200``).  The layout also
+stores each word's bits where ``LANES_DECODE_ASM`` decodes them in 9 integer instructions instead of 13
+(``triton_small_m``): 1 / 16 tokens 13.7 / 15.4 -> 12.6 / 14.2 us (``bench/results/2026-12-01T1800-h200``).
 
 Resident scales (``p["resident_scales"]``, the default, with "lanes" weights where ``resident_scales_fit``): each
 program copies its whole scale slice once, a row's 8 scale bytes of every K step in one 8-byte copy, into a
@@ -68,7 +70,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
 
 from atom_kernels.ops._pdl import launch_options
-from atom_kernels.ops.mxfp4_mm.triton_small_m import DECODE_ASM, resident_scales_fit  # DECODE_ASM: word -> 4 bf16x2
+from atom_kernels.ops.mxfp4_mm.triton_small_m import (  # word -> 4 bf16x2 (checkpoint / "lanes" bits)
+    DECODE_ASM,
+    LANES_DECODE_ASM,
+    resident_scales_fit,
+)
 
 MAX_REGISTERS = 128  # per thread: 4 programs of 4 warps per SM (uncapped, 16 tokens took 164: 3 programs)
 RUN_WORDS = gl.constexpr(16)  # words of one 128-element block (4 threads x 4 words)
@@ -120,7 +126,7 @@ def _decoded_tile(words6, e6, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SHIF
         mult = (e.to(gl.int32) + (127 - SHIFT - 1)) * 0x00800080  # the scale's bf16 bits in both halves
         mult = gl.join(gl.join(mult, mult), gl.join(mult, mult))  # the same scale for the 4 words j of a run
         mult = gl.reshape(gl.permute(gl.reshape(mult, (BLOCK_N, NB, 4, 4)), (0, 1, 3, 2)), (BLOCK_N, W))
-    p0, p1, p2, p3 = gl.inline_asm_elementwise(DECODE_ASM, "=r,=r,=r,=r,r,r", [words, mult],
+    p0, p1, p2, p3 = gl.inline_asm_elementwise(LANES_DECODE_ASM if LANES else DECODE_ASM, "=r,=r,=r,=r,r,r", [words, mult],
                                                dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
     v = gl.join(gl.join(_split_pair(p0), _split_pair(p1)), gl.join(_split_pair(p2), _split_pair(p3)))
     v = gl.permute(v, (0, 1, 4, 3, 2))  # [row, word, code]

@@ -21,8 +21,9 @@ the decode loop, no shared-memory round trip for the weights.)
 Weights in the ``"lanes"`` byte order (``formats.mxfp4_rows_to_lanes``) are this kernel's natural order: lane run
 ``c`` (16 bytes) of a 128-code block holds word ``c`` of the block's 4 scale groups, and byte ``p`` of such a word
 is the pair of codes at K ``8 p + 2 c`` of its group, exactly the pairs MMA lane ``c`` of a quad holds in its
-register fragment.  So a run is one 16-byte load, each byte decodes to one bf16x2 pair (``decode_words``, the
-small-M kernel's ``prmt`` decode), the decoded tile is in natural K order and the activations are used as they
+register fragment.  So a run is one 16-byte load, each pair decodes to one bf16x2 register (``decode_words`` with
+``LANES``: the word's bits are stored where one or two shifts and masks fetch each pair, ``formats.LANES_PAIR_TERMS``),
+the decoded tile is in natural K order and the activations are used as they
 are: no permutation through shared memory (sm_90 SASS of the loop: 322 instead of 433 instructions at 128x128
 tiles, no ``ldmatrix``/``stmatrix``).  H200, N=K=8192: 17 tokens 49.1 -> 30.9 us, 4096 tokens 1988 -> 1157
 (``bench/results/2026-12-01T0510-h200``); with configurations tuned on lanes (``LANES_CONFIGS``) 22.8 and 1021.
@@ -172,7 +173,7 @@ def decode_lanes_tile(runs, e, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXA
     G: tl.constexpr = BLOCK_K // 32
     words = tl.reshape(tl.permute(tl.reshape(runs, (BLOCK_N, G // 4, 4, 4)), (0, 1, 3, 2)), (BLOCK_N, G * 4))
     e = tl.reshape(tl.broadcast_to(e[:, :, None], (BLOCK_N, G, 4)), (BLOCK_N, G * 4))
-    v = decode_words(words, e, SHIFT, EXACT)  # [N, (group, c), code 2 p + l]
+    v = decode_words(words, e, SHIFT, EXACT, LANES=True)  # [N, (group, c), code 2 p + l]
     return tl.reshape(tl.permute(tl.reshape(v, (BLOCK_N, G, 4, 4, 2)), (0, 1, 3, 2, 4)), (BLOCK_N, BLOCK_K))
 
 
