@@ -294,6 +294,20 @@ def test_resident_scales_fit():
     assert not small.resident_scales_fit(dict(p, block_n=128, k_split=8192))
 
 
+def test_ring_stages():
+    """The ring is 3 slots deep where the MMA tile is 8 wide and each program has at least 8 K steps (the H200 data in
+    ``DEEP_RING``'s comment), else 2; a configuration that names its stages keeps them."""
+    assert small.ring_stages(8, 8) == 3 and small.ring_stages(8, 32) == 3
+    assert small.ring_stages(8, 7) == 2 and small.ring_stages(16, 8) == 2 and small.ring_stages(16, 32) == 2
+    cpu = torch.device("cpu")
+    assert small.DEFAULT["stages"] == "auto"
+    assert small.plan(1, 8192, 8192, cpu, {"split_k": 4})["stages"] == 3  # 8 steps of 256
+    assert small.plan(8, 8192, 8192, cpu, {"split_k": 8})["stages"] == 2  # 4 steps
+    assert small.plan(16, 8192, 8192, cpu, {"split_k": 4})["stages"] == 2  # 16-wide tile
+    assert small.plan(5, 8192, 8192, cpu, {"split_k": 4, "narrow_m": False})["stages"] == 2
+    assert small.plan(1, 8192, 8192, cpu, {"split_k": 4, "stages": 2})["stages"] == 2
+
+
 @pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
 @pytest.mark.parametrize("static_weights", [False, True])
 @pytest.mark.parametrize("m,n,k,config", [(1, 8192, 8192, {}), (5, 1000, 4096, {}), (16, 640, 2048, {"split_k": 2}),

@@ -74,6 +74,7 @@ from atom_kernels.ops.mxfp4_mm.triton_small_m import (  # word -> 4 bf16x2 (chec
     DECODE_ASM,
     LANES_DECODE_ASM,
     resident_scales_fit,
+    ring_tile_tokens,
 )
 
 MAX_REGISTERS = 128  # per thread: 4 programs of 4 warps per SM (uncapped, 16 tokens took 164: 3 programs)
@@ -344,7 +345,7 @@ def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int,
     programmatic dependent launch; ``static_weights`` (the caller's promise that no recent kernel on the stream
     writes ``w`` or ``w_scale``) lets it copy its first weight steps before waiting for the previous kernel."""
     m, k = x.shape
-    block_m = 8 if m <= 8 and p.get("narrow_m", True) else 16
+    block_m = ring_tile_tokens(m, p)
     n = w.shape[0]
     split = p["split"]
     _mxfp4_small_m_ring_kernel[(p["tiles"], split)](

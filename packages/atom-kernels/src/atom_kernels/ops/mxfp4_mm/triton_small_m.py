@@ -112,17 +112,29 @@ _BLOCK_M = 16
 # 124 active 4-CTA clusters, fewer than 128 column blocks: 20.8 / 23.1 us; where they fit it saves nothing: the wait
 # is for the slowest program of a column block), an asynchronous MMA (no change), 128-row blocks with 128-wide steps
 # (15.2 / 19.1) and 128-wide steps with rings of 2-6 slots (18.5-25 us: a program's time follows its step count).
-# Default: wgmma, 64 columns, 256-wide K steps, ~4 programs per SM; the ring kernel with 2 stages where it
-# applies, else one stage of register loads (best on both 8192 cases).
+# Default: wgmma, 64 columns, 256-wide K steps, ~4 programs per SM; the ring kernel with 2 or 3 stages
+# (``ring_stages``) where it applies, else one stage of register loads (best on both 8192 cases).
+# Tried on the ring kernel with the 9-instruction lanes decode and not kept (``bench/results/2026-12-01T1830-h200``,
+# patches there, both bitwise equal): weights one step further ahead than activations (3 weight slots, 2 activation
+# slots: 14.6 -> 14.8 us at 16 tokens, no gain at 1) and each program's K steps stored as contiguous 8 KB tiles
+# ([64 rows x 256 K] per step: -0.3 us at 1 / 8 / 16 tokens, N=K=8192; a plan-dependent weight layout for every
+# kernel that reads lanes, not worth it for 2%).
 # Ring kernel on "lanes" weights (``resident_scales``): each program copies its whole scale slice once, 8-byte runs,
 # before its K loop (before the PDL wait with ``static_weights``) instead of one 4-byte copy per row block and step
 # (18x the ideal shared-memory wavefronts); bitwise the same results.  H200, N=K=8192, back to back: 1 / 8 / 16
 # tokens 14.4 / 15.0 / 16.2 -> 13.7 / 14.5 / 15.4 us (``bench/results/2026-12-01T1435-h200/resident-scales.json``).
+# Ring depth (``stages="auto"``, ``ring_stages``): 3 slots where the MMA tile is 8 wide and each program has at least 8
+# K steps, else 2.  H200, lanes weights, 2 -> 3 stages (``bench/results/2026-12-01T1830-h200/stage-study.json``):
+# 1 / 8 tokens N=K=8192 (8 steps) 13.15 / 13.26 -> 12.59 / 12.97 us, N=8192 K=16384 (16 steps) 22.8 / 23.9 -> 21.9 /
+# 22.5, N=28672 K=8192 (32) 41.4 / 41.5 -> 39.9 / 40.5; but at 16 tokens (16-wide activation slots) 3 stages cost
+# 0.3 us at 8 steps and 15 us at 28-32 (3 programs per SM), and with 2-4 steps they gain nothing (-0.2 .. +0.6).
+DEEP_RING = dict(stages=3, max_tile_tokens=8, min_steps=8)
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
-                     num_stages=1, loads="ring", stages=2, narrow_m=True, pdl=True, resident_scales=True)
+                     num_stages=1, loads="ring", stages="auto", narrow_m=True, pdl=True, resident_scales=True)
 SWEEP: list[dict] = [
     dict(),
     dict(narrow_m=False),
+    dict(stages=2),
     dict(stages=3),
     dict(stages=4),
     dict(pdl=False),  # the ring kernel without programmatic dependent launch
@@ -507,7 +519,22 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
             split -= 1
     k_split = triton.cdiv(k_iters, split) * block_k
     split = triton.cdiv(k, k_split)
-    return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg))
+    stages = cfg["stages"]
+    if stages == "auto":
+        stages = ring_stages(ring_tile_tokens(m, cfg), k_split // block_k)
+    return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg), stages=stages)
+
+
+def ring_tile_tokens(m: int, cfg: dict) -> int:
+    """The width of the ring kernel's MMA tile: 8 up to 8 tokens (unless ``narrow_m`` is off), else 16."""
+    return 8 if m <= 8 and cfg.get("narrow_m", True) else 16
+
+
+def ring_stages(tile_tokens: int, steps: int) -> int:
+    """Shared-memory slots of the ring kernel for an MMA tile ``tile_tokens`` wide and ``steps`` K steps per program
+    (``DEEP_RING``: deeper where the activation slots are small and the programs long enough to use it)."""
+    deep = tile_tokens <= DEEP_RING["max_tile_tokens"] and steps >= DEEP_RING["min_steps"]
+    return DEEP_RING["stages"] if deep else 2
 
 
 def _ring_capability(device: torch.device) -> tuple[int, int] | None:
