@@ -294,6 +294,20 @@ def test_resident_scales_fit():
     assert not small.resident_scales_fit(dict(p, block_n=128, k_split=8192))
 
 
+def test_wide_tile_split_cap(monkeypatch):
+    """Under split_k="auto" the ring kernel's 16-wide tile (9-16 tokens) takes at most ``WIDE_TILE_MAX_SPLIT`` splits
+    (the H200 data in its comment); the 8-wide tile, the register-load kernel and an explicit split are left alone."""
+    monkeypatch.setattr(small, "_num_sms", lambda index: 132)  # an H200's SMs, so "auto" picks what it picks there
+    gpu = torch.device("cuda", 0)  # (only named: planning touches no GPU)
+    assert small.plan(8, 1024, 8192, gpu)["split"] == 16
+    assert small.plan(16, 1024, 8192, gpu)["split"] == small.plan(9, 1024, 8192, gpu)["split"] == 8
+    assert small.plan(5, 1024, 8192, gpu, {"narrow_m": False})["split"] == 8
+    assert small.plan(16, 1024, 16384, gpu)["split"] == 8 and small.plan(1, 1024, 16384, gpu)["split"] == 32
+    assert small.plan(16, 8192, 8192, gpu)["split"] == 4  # "auto" under the cap: unchanged
+    assert small.plan(16, 1024, 8192, gpu, {"loads": "registers"})["split"] == 16
+    assert small.plan(16, 1024, 8192, gpu, {"split_k": 16})["split"] == 16
+
+
 def test_ring_stages():
     """The ring is 3 slots deep where the MMA tile is 8 wide and each program has at least 8 K steps (the H200 data in
     ``DEEP_RING``'s comment), else 2; a configuration that names its stages keeps them."""

@@ -129,6 +129,12 @@ _BLOCK_M = 16
 # 22.5, N=28672 K=8192 (32) 41.4 / 41.5 -> 39.9 / 40.5; but at 16 tokens (16-wide activation slots) 3 stages cost
 # 0.3 us at 8 steps and 15 us at 28-32 (3 programs per SM), and with 2-4 steps they gain nothing (-0.2 .. +0.6).
 DEEP_RING = dict(stages=3, max_tile_tokens=8, min_steps=8)
+# Split-K of the ring kernel's 16-wide tile (9-16 tokens) under "auto": at most 8 splits.  H200, lanes weights, 16
+# tokens (``bench/results/2026-12-01T1830-h200/split-study.json``): N=1024 K=8192 16 -> 8 splits 8.9 -> 6.6 us,
+# N=2048 K=8192 9.6 -> 7.9, N=1024 K=16384 32 -> 8 13.7 -> 10.6; where "auto" already gives 8 or fewer (N >= 3072
+# at K=8192, K <= 4096) it was the fastest or within 0.1 us.  The 8-wide tile keeps "auto" (N=1024, 8 tokens:
+# 16 splits 5.3 us, 8 splits 5.9).
+WIDE_TILE_MAX_SPLIT = 8
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
                      num_stages=1, loads="ring", stages="auto", narrow_m=True, pdl=True, resident_scales=True)
 SWEEP: list[dict] = [
@@ -513,6 +519,8 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     split = cfg["split_k"]
     if split == "auto":
         split = pick_split(tiles, k_iters, device, cfg["waves"])
+        if cfg["loads"] == "ring" and ring_tile_tokens(m, cfg) > 8:
+            split = min(split, WIDE_TILE_MAX_SPLIT)
     split = max(1, min(int(split), k_iters))
     if cfg["loads"] == "ring":
         while k_iters % split:  # the ring kernel takes whole K steps per split
