@@ -55,3 +55,17 @@ def assert_graph_capturable(fn, *inputs_to_refresh):
     expected = expected if isinstance(expected, tuple) else (expected,)
     for got, want in zip(captured, expected):
         torch.testing.assert_close(got, want)
+
+
+def every_code_pair_word(seed: int = 0):
+    """``(pair, byte, word, lo, hi)`` for each of the 256 e2m1 code pairs at each of a 32-bit word's 4 byte positions
+    (codes ``2 pair`` and ``2 pair + 1`` in byte ``pair``, the other codes random), with ``lo`` / ``hi`` the bf16
+    bit patterns of ``code * 2**-126`` that a decode must produce for the pair's two codes."""
+    from atom_kernels import formats
+
+    gen = torch.Generator().manual_seed(seed)
+    expected = (formats.E2M1_VALUES * 2.0**-126).to(torch.bfloat16).view(torch.int16).int() & 0xFFFF
+    for pair in range(4):
+        for byte in range(256):
+            word = int(torch.randint(0, 2**32, (), generator=gen, dtype=torch.int64)) & ~(0xFF << (8 * pair))
+            yield pair, byte, word | byte << (8 * pair), int(expected[byte & 15]), int(expected[byte >> 4])

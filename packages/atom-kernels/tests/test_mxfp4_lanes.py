@@ -5,7 +5,7 @@ kernel's correctness and every-code-and-scale tests run both layouts: ``test_mxf
 
 import pytest
 import torch
-from helpers import assert_close, assert_graph_capturable, randn
+from helpers import assert_close, assert_graph_capturable, every_code_pair_word, randn
 
 from atom_kernels import formats, mxfp4_mm
 from atom_kernels.ops.mxfp4_mm import preferred_layout
@@ -88,16 +88,11 @@ def test_lanes_decode_every_code_pair():
     integer_ops = [ln for ln in asm.splitlines() if ln.strip().split(" ")[0] in
                    ("and.b32", "or.b32", "shl.b32", "shr.u32", "shf.l.wrap.b32", "prmt.b32")]
     assert len(integer_ops) == 10
-    gen = torch.Generator().manual_seed(0)
-    expected = (formats.E2M1_VALUES * 2.0**-126).to(torch.bfloat16).view(torch.int16).int() & 0xFFFF
-    for pair in range(4):
-        for byte in range(256):
-            word = int(torch.randint(0, 2**32, (), generator=gen, dtype=torch.int64)) & ~(0xFF << (8 * pair))
-            word |= byte << (8 * pair)
-            regs = _run_decode_ptx(asm, _lanes_bits(word))
-            assert regs == [small.decode_pair_bits(word, p) for p in range(4)], (pair, byte)
-            assert small.decode_lanes_pair_bits(_lanes_bits(word), pair) == regs[pair]
-            assert regs[pair] & 0xFFFF == expected[byte & 15] and regs[pair] >> 16 == expected[byte >> 4], (pair, byte)
+    for pair, byte, word, lo, hi in every_code_pair_word():
+        regs = _run_decode_ptx(asm, _lanes_bits(word))
+        assert regs == [small.decode_pair_bits(word, p) for p in range(4)], (pair, byte)
+        assert small.decode_lanes_pair_bits(_lanes_bits(word), pair) == regs[pair]
+        assert regs[pair] & 0xFFFF == lo and regs[pair] >> 16 == hi, (pair, byte)
 
 
 def test_lanes_errors():

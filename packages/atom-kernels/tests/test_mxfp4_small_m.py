@@ -5,7 +5,7 @@ with both reductions, poisoned outputs and workspaces, and CUDA-graph capture on
 
 import pytest
 import torch
-from helpers import assert_close, assert_graph_capturable, randn
+from helpers import assert_close, assert_graph_capturable, every_code_pair_word, randn
 
 from atom_kernels import formats, mxfp4_mm
 from atom_kernels.ops.mxfp4_mm import triton_small_m as small
@@ -27,15 +27,9 @@ def test_decode_pair_bits_every_code_pair():
     """``DECODE_ASM``'s prmt / shift / mask steps (emulated bit by bit) turn codes 2i, 2i+1 of a word into
     the bf16 patterns of ``code * 2**-126`` in the low and high halves, for all 256 code pairs at all 4
     positions (the other codes of the word random)."""
-    gen = torch.Generator().manual_seed(0)
-    expected = (formats.E2M1_VALUES * 2.0**-126).to(torch.bfloat16).view(torch.int16).int() & 0xFFFF
-    for pair in range(4):
-        for byte in range(256):
-            word = int(torch.randint(0, 2**32, (), generator=gen, dtype=torch.int64)) & ~(0xFF << (8 * pair))
-            word |= byte << (8 * pair)
-            bits = small.decode_pair_bits(word, pair)
-            assert bits & 0xFFFF == expected[byte & 15], (pair, byte)
-            assert bits >> 16 == expected[byte >> 4], (pair, byte)
+    for pair, byte, word, lo, hi in every_code_pair_word():
+        bits = small.decode_pair_bits(word, pair)
+        assert bits & 0xFFFF == lo and bits >> 16 == hi, (pair, byte)
 
 
 @pytest.mark.parametrize("e", [34, 100, 127, 140, 160])
