@@ -200,9 +200,9 @@ def _term_ptx(dest: str, mask: int, rotation: int) -> list[str]:
 
 
 def lanes_decode_asm() -> str:
-    """``DECODE_ASM`` for words in the "lanes" layout: register ``p`` is the OR of ``formats.LANES_PAIR_TERMS[p]``
-    (9 integer operations per word instead of 13), times the scale.  Built from the table, so the layout and its
-    decode cannot drift apart."""
+    """``DECODE_ASM`` for words in the "lanes" layout: register ``p`` is the OR of ``formats.LANES_PAIR_TERMS[p]``,
+    times the scale: 10 integer PTX instructions per word, 9 in SASS (ptxas merges register 0's mask and OR into one
+    LOP3), instead of 13.  Built from the table, so the layout and its decode cannot drift apart."""
     lines = ["{", ".reg .b32 t, u;"]
     for pair, terms in enumerate(LANES_PAIR_TERMS):
         for n, (mask, rotation) in enumerate(terms):
