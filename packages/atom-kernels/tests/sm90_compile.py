@@ -159,21 +159,26 @@ def small_m_ring_cases():
     """The small-M kernel with its loads as asynchronous copies (Gluon), as ``gluon_small_m.launch_ring`` launches
     it for N = K = 8192: 8-wide MMA (up to 8 tokens) and 16-wide, 2 stages, one warpgroup and two; weights in the
     checkpoint's byte order and in the "lanes" one; with programmatic dependent launch (its default), with
-    ``static_weights``, and with the scales resident (copied once per program: the default on lanes weights)."""
+    ``static_weights``, with the scales resident (copied once per program: the default on lanes weights), and with the
+    split-K partials 16 bytes per thread (``VEC_SUM``: the default where N % 16 == 0)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from atom_kernels.ops.mxfp4_mm.gluon_small_m import MAX_REGISTERS, _mxfp4_small_m_ring_kernel
 
     signature = {name: kind for name, kind in SMALL_M_SIG.items() if kind != "constexpr"}
-    for name, block_m, warps, lanes, static, resident in (
-            ("m8", 8, 4, False, False, False), ("m16", 16, 4, False, False, False), ("m16_w8", 16, 8, False, False, False),
-            ("lanes_m8", 8, 4, True, False, False), ("lanes_m16", 16, 4, True, False, False),
-            ("lanes_m8_static", 8, 4, True, True, False), ("lanes_m8_resident", 8, 4, True, False, True),
-            ("lanes_m16_resident", 16, 4, True, False, True), ("lanes_m16_w8_resident", 16, 8, True, False, True),
-            ("lanes_m8_static_resident", 8, 4, True, True, True)):
+    for name, block_m, warps, lanes, static, resident, vec in (
+            ("m8", 8, 4, False, False, False, False), ("m16", 16, 4, False, False, False, False),
+            ("m16_w8", 16, 8, False, False, False, False),
+            ("lanes_m8", 8, 4, True, False, False, False), ("lanes_m16", 16, 4, True, False, False, False),
+            ("lanes_m8_static", 8, 4, True, True, False, False), ("lanes_m8_resident", 8, 4, True, False, True, False),
+            ("lanes_m16_resident", 16, 4, True, False, True, False),
+            ("lanes_m16_w8_resident", 16, 8, True, False, True, False),
+            ("lanes_m8_static_resident", 8, 4, True, True, True, False),
+            ("lanes_m16_resident_vec_sum", 16, 4, True, False, True, True),
+            ("lanes_m8_w8_resident_vec_sum", 8, 8, True, False, True, True)):
         constexprs = dict(K=8192, K_SPLIT=2048, SPLIT_K=4, HAS_BIAS=True, BLOCK_N=16 * warps, BLOCK_M=block_m,
                           BLOCK_K=256, STAGES=2, SHIFT=32, EVEN_N=True, LANES=lanes, PDL=True, STATIC_WEIGHTS=static,
-                          RESIDENT_SCALES=resident)
+                          RESIDENT_SCALES=resident, VEC_SUM=vec)
         sig = dict(signature, **{name: "constexpr" for name in constexprs})
         names = list(sig)
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in

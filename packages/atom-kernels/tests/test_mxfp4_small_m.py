@@ -290,16 +290,22 @@ def test_resident_scales_fit():
 
 def test_wide_tile_split_cap(monkeypatch):
     """Under split_k="auto" the ring kernel's 16-wide tile (9-16 tokens) takes at most ``WIDE_TILE_MAX_SPLIT`` splits
-    (the H200 data in its comment); the 8-wide tile, the register-load kernel and an explicit split are left alone."""
+    where its partials are summed one column per thread (N % 16 != 0, or ``vec_sum`` off); with 16-byte partials
+    (``vec_sum_applies``) it keeps the auto split (the H200 data in their comments).  The 8-wide tile, the
+    register-load kernel and an explicit split are left alone."""
     monkeypatch.setattr(small, "_num_sms", lambda index: 132)  # an H200's SMs, so "auto" picks what it picks there
     gpu = torch.device("cuda", 0)  # (only named: planning touches no GPU)
-    assert small.plan(8, 1024, 8192, gpu)["split"] == 16
-    assert small.plan(16, 1024, 8192, gpu)["split"] == small.plan(9, 1024, 8192, gpu)["split"] == 8
-    assert small.plan(5, 1024, 8192, gpu, {"narrow_m": False})["split"] == 8
-    assert small.plan(16, 1024, 16384, gpu)["split"] == 8 and small.plan(1, 1024, 16384, gpu)["split"] == 32
+    assert small.vec_sum_applies(small.DEFAULT, 1024) and not small.vec_sum_applies(small.DEFAULT, 1000)
+    assert not small.vec_sum_applies(dict(small.DEFAULT, vec_sum=False), 1024)
+    assert small.plan(16, 1024, 8192, gpu)["split"] == small.plan(8, 1024, 8192, gpu)["split"] == 16
+    assert small.plan(16, 1000, 8192, gpu)["split"] == small.plan(9, 1000, 8192, gpu)["split"] == 8
+    assert small.plan(8, 1000, 8192, gpu)["split"] == 16
+    assert small.plan(16, 1024, 8192, gpu, {"vec_sum": False})["split"] == 8
+    assert small.plan(5, 1000, 8192, gpu, {"narrow_m": False})["split"] == 8
+    assert small.plan(16, 1000, 16384, gpu)["split"] == 8 and small.plan(16, 1024, 16384, gpu)["split"] == 32
     assert small.plan(16, 8192, 8192, gpu)["split"] == 4  # "auto" under the cap: unchanged
-    assert small.plan(16, 1024, 8192, gpu, {"loads": "registers"})["split"] == 16
-    assert small.plan(16, 1024, 8192, gpu, {"split_k": 16})["split"] == 16
+    assert small.plan(16, 1000, 8192, gpu, {"loads": "registers"})["split"] == 16
+    assert small.plan(16, 1000, 8192, gpu, {"split_k": 16})["split"] == 16
 
 
 def test_ring_stages():
@@ -314,6 +320,27 @@ def test_ring_stages():
     assert small.plan(16, 8192, 8192, cpu, {"split_k": 4})["stages"] == 2  # 16-wide tile
     assert small.plan(5, 8192, 8192, cpu, {"split_k": 4, "narrow_m": False})["stages"] == 2
     assert small.plan(1, 8192, 8192, cpu, {"split_k": 4, "stages": 2})["stages"] == 2
+
+
+@pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+@pytest.mark.parametrize("m,n,k,config", [(16, 1024, 8192, {}), (12, 2048, 8192, {"split_k": 16}), (1, 8192, 8192, {}),
+                                          (8, 512, 8192, {"split_k": 16}), (16, 1024, 16384, {"split_k": 32}),
+                                          (13, 640, 2048, {"num_warps": 8, "block_n": 128, "split_k": 4}),
+                                          (16, 256, 1024, {"split_k": 1})])
+def test_vec_sum_equals_column_sum(rng, m, n, k, config):
+    """Split-K partials stored and summed 16 bytes per thread (``vec_sum``, the default where N % 16 == 0) give bitwise
+    the outputs of one column per thread, at the same split, with bias and "lanes" weights, and match the reference."""
+    w, s = _weight(n, k, rng)
+    x = randn(m, k, gen=rng).to(torch.bfloat16)
+    bias = randn(n, gen=rng).to(torch.bfloat16)
+    ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
+    lanes = formats.mxfp4_rows_to_lanes(w).cuda()
+    x, s, bias = x.cuda(), s.cuda(), bias.cuda()
+    assert small.ring_serves(x, n, config) and small.vec_sum_applies(small.plan(m, n, k, x.device, config), n)
+    config = dict(config, split_k=small.plan(m, n, k, x.device, config)["split"])  # the same split both ways
+    outs = [small.mxfp4_mm_small_m(x, lanes, s, bias, dict(config, vec_sum=vec), layout="lanes") for vec in (True, False)]
+    assert torch.equal(outs[0], outs[1])
+    assert_close(outs[0].cpu(), ref, torch.bfloat16)
 
 
 @pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")

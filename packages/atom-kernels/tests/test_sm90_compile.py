@@ -170,6 +170,18 @@ def test_mxfp4_small_m_ring_kernel_resident_scales(compiled, name):
     assert not moved, moved
 
 
+@pytest.mark.parametrize("name", ["small_m_ring_lanes_m16_resident_vec_sum", "small_m_ring_lanes_m8_w8_resident_vec_sum"])
+def test_mxfp4_small_m_ring_kernel_vec_sum(compiled, name):
+    """With ``VEC_SUM`` the split-K partials are stored and read back 16 bytes per thread (all 4 splits' loads of the
+    sum in one straight run) and the bf16 output 8 bytes per thread; no 4-byte partial access is left, no spill."""
+    case = _ok(compiled, name)
+    sass = case["sass"]
+    assert case["spill_bytes"] == 0 and case["registers"] <= 128, case
+    stores = sass.get("STG.E.128", 0)
+    assert stores >= 1 and not sass.get("STG.E", 0) and sass.get("STG.E.64", 0) == stores, sorted(sass.items())
+    assert sass.get("LDG.E.128.STRONG.GPU", 0) == 4 * stores and not sass.get("LDG.E.STRONG.GPU", 0), sorted(sass.items())
+
+
 @pytest.mark.parametrize("name", ["rms_norm_pdl", "silu_and_mul_pdl", "small_m_ring_lanes_m8", "small_m_ring_lanes_m16",
                                   "small_m_ring_lanes_m8_static", "small_m_ring_lanes_m8_resident",
                                   "small_m_ring_lanes_m8_static_resident"])

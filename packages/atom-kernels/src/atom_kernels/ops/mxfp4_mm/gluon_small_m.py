@@ -50,7 +50,9 @@ One or two warpgroups per program (``num_warps`` 4 or 8; two share the activatio
 other 64-row repeat).  Each step: wait for its copy group, fence (the MMA reads shared memory through the
 async proxy), barrier (so no thread still reads the slot that the next copies overwrite), issue the copies
 of step ``+ STAGES - 1``, decode, one warpgroup MMA (weights from registers, activations from the slot).
-Registers are capped at 128 (``MAX_REGISTERS``) so that 4 programs of one warpgroup fit on an SM.
+Registers are capped at 128 (``MAX_REGISTERS``) so that 4 programs of one warpgroup fit on an SM.  Split-K partials
+go through the fp32 workspace; where N % 16 == 0 (``VEC_SUM``, ``triton_small_m.vec_sum_applies``) 4 columns (16
+bytes) per thread and the last program's sum over splits unrolled, which keeps 16-32 splits cheap at 16 tokens.
 
 Preconditions (``triton_small_m.ring_applies``, a pure function; otherwise the register-load kernel runs):
 Triton 3.6 (Gluon is experimental; its API moves between releases), an NVIDIA GPU of compute capability 9.x,
@@ -75,6 +77,7 @@ from atom_kernels.ops.mxfp4_mm.triton_small_m import (  # word -> 4 bf16x2 (chec
     LANES_DECODE_ASM,
     resident_scales_fit,
     ring_tile_tokens,
+    vec_sum_applies,
 )
 
 MAX_REGISTERS = 128  # per thread: 4 programs of 4 warps per SM (uncapped, 16 tokens took 164: 3 programs)
@@ -191,7 +194,7 @@ def _mxfp4_small_m_ring_kernel(
     K: gl.constexpr, K_SPLIT: gl.constexpr, SPLIT_K: gl.constexpr, HAS_BIAS: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
     SHIFT: gl.constexpr, EVEN_N: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr = False,
-    STATIC_WEIGHTS: gl.constexpr = False, RESIDENT_SCALES: gl.constexpr = False,
+    STATIC_WEIGHTS: gl.constexpr = False, RESIDENT_SCALES: gl.constexpr = False, VEC_SUM: gl.constexpr = False,
 ):
     R: gl.constexpr = BLOCK_N // 64
     NB: gl.constexpr = BLOCK_K // 128
@@ -213,7 +216,10 @@ def _mxfp4_small_m_ring_kernel(
                                                      [1, 1, 4, 1, 1, WG, 1], [6, 1, 0, 2, 3, 4, 5])
     else:
         ACT: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WG, 4], [1, 0])  # covers [WG, 256]: no copy twice
-    OUT: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [WG, 4], [1, 0])
+    if VEC_SUM:  # 4 adjacent columns per thread: 16-byte partials (N % 16 == 0 keeps every row aligned)
+        OUT: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, 4 * WG], [1, 0])
+    else:
+        OUT: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [WG, 4], [1, 0])
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG, 1],
                                                   instr_shape=[16, BLOCK_M, 16])
     A_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -330,8 +336,12 @@ def _mxfp4_small_m_ring_kernel(
         arrived = gl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:  # the last program of this column block sums all partials in split order
             total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=OUT)
-            for split in range(SPLIT_K):
-                total += gl.load(ws_ptr + split * M * N + ws_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if VEC_SUM:  # every split's load in flight at once
+                for split in gl.static_range(SPLIT_K):
+                    total += gl.load(ws_ptr + split * M * N + ws_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            else:
+                for split in range(SPLIT_K):
+                    total += gl.load(ws_ptr + split * M * N + ws_offs, mask=mask, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
                 total += gl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(gl.float32)[None, :]
             gl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
@@ -355,6 +365,7 @@ def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int,
         K=k, K_SPLIT=p["k_split"], SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=p["block_n"], BLOCK_M=block_m,
         BLOCK_K=p["block_k"], STAGES=p["stages"], SHIFT=shift, EVEN_N=n % p["block_n"] == 0, LANES=lanes,
         PDL=p["pdl"], STATIC_WEIGHTS=static_weights, RESIDENT_SCALES=lanes and resident_scales_fit(p),
+        VEC_SUM=vec_sum_applies(p, n),
         num_warps=p["num_warps"], maxnreg=MAX_REGISTERS, **launch_options(p["pdl"]),
     )
 

@@ -129,14 +129,25 @@ _BLOCK_M = 16
 # 22.5, N=28672 K=8192 (32) 41.4 / 41.5 -> 39.9 / 40.5; but at 16 tokens (16-wide activation slots) 3 stages cost
 # 0.3 us at 8 steps and 15 us at 28-32 (3 programs per SM), and with 2-4 steps they gain nothing (-0.2 .. +0.6).
 DEEP_RING = dict(stages=3, max_tile_tokens=8, min_steps=8)
-# Split-K of the ring kernel's 16-wide tile (9-16 tokens) under "auto": at most 8 splits.  H200, lanes weights, 16
+# Split-K of the ring kernel's 16-wide tile (9-16 tokens) under "auto", where the partials are summed one column per
+# thread (no ``vec_sum``, below): at most 8 splits.  H200, lanes weights, 16
 # tokens (``bench/results/2026-12-01T1830-h200/split-study.json``): N=1024 K=8192 16 -> 8 splits 8.9 -> 6.6 us,
 # N=2048 K=8192 9.6 -> 7.9, N=1024 K=16384 32 -> 8 13.7 -> 10.6; where "auto" already gives 8 or fewer (N >= 3072
 # at K=8192, K <= 4096) it was the fastest or within 0.1 us.  The 8-wide tile keeps "auto" (N=1024, 8 tokens:
 # 16 splits 5.3 us, 8 splits 5.9).
 WIDE_TILE_MAX_SPLIT = 8
+# Split-K sum (``vec_sum``, default on, where ``vec_sum_applies``: N % 16 == 0): partials stored and summed 4 columns
+# (16 bytes) per thread, the sum over splits unrolled so every split's load is in flight at once; bitwise the same
+# results.  What made many splits slow with 16 rows: H200, 16 tokens (``bench/results/2026-12-01T1830-h200/
+# vec-study.json``), N=1024 K=8192 16 splits 8.85 -> 5.74 us, N=2048 K=8192 9.62 -> 6.60, N=1024 K=16384 32 splits
+# 13.61 -> 7.35, each faster than the same shape at 8 splits (6.74 / 8.08 / 10.72); with 8 or fewer splits and at
+# N=K=8192 (4 splits, 1 / 8 / 16 tokens) within 0.15 us either way.  With a ragged N (1000, rows not 16-byte aligned)
+# the 4-column layout was 3 us slower (``reduce-variants.json``), so there the one-column layout stays, with
+# ``WIDE_TILE_MAX_SPLIT``.
+VEC_SUM_ALIGN = 16  # output features: N % 16 == 0 keeps every row of partials 16-byte aligned (N is specialized on 16)
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
-                     num_stages=1, loads="ring", stages="auto", narrow_m=True, pdl=True, resident_scales=True)
+                     num_stages=1, loads="ring", stages="auto", narrow_m=True, pdl=True, resident_scales=True,
+                     vec_sum=True)
 SWEEP: list[dict] = [
     dict(),
     dict(narrow_m=False),
@@ -145,6 +156,7 @@ SWEEP: list[dict] = [
     dict(stages=4),
     dict(pdl=False),  # the ring kernel without programmatic dependent launch
     dict(resident_scales=False),  # the ring kernel copying each step's scale bytes into its ring slot
+    dict(vec_sum=False),  # split-K partials one column per thread (and at most 8 splits at 9-16 tokens)
     dict(num_warps=8, block_n=128, waves=2),  # two warpgroups share the activation slots
     dict(loads="registers"),  # the register-load kernel (the default before the ring, and on other GPUs)
     dict(loads="registers", num_stages=3),
@@ -519,7 +531,7 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     split = cfg["split_k"]
     if split == "auto":
         split = pick_split(tiles, k_iters, device, cfg["waves"])
-        if cfg["loads"] == "ring" and ring_tile_tokens(m, cfg) > 8:
+        if cfg["loads"] == "ring" and ring_tile_tokens(m, cfg) > 8 and not vec_sum_applies(cfg, n):
             split = min(split, WIDE_TILE_MAX_SPLIT)
     split = max(1, min(int(split), k_iters))
     if cfg["loads"] == "ring":
@@ -531,6 +543,11 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     if stages == "auto":
         stages = ring_stages(ring_tile_tokens(m, cfg), k_split // block_k)
     return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg), stages=stages)
+
+
+def vec_sum_applies(cfg: dict, n: int) -> bool:
+    """Whether the ring kernel stores and sums its split-K partials 16 bytes per thread (``vec_sum``, N % 16 == 0)."""
+    return bool(cfg.get("vec_sum", True)) and n % VEC_SUM_ALIGN == 0
 
 
 def ring_tile_tokens(m: int, cfg: dict) -> int:
