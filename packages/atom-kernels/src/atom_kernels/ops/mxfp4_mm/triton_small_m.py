@@ -119,6 +119,13 @@ _BLOCK_M = 16
 # slots: 14.6 -> 14.8 us at 16 tokens, no gain at 1) and each program's K steps stored as contiguous 8 KB tiles
 # ([64 rows x 256 K] per step: -0.3 us at 1 / 8 / 16 tokens, N=K=8192; a plan-dependent weight layout for every
 # kernel that reads lanes, not worth it for 2%).
+# Where 16 tokens go (per-program %globaltimer timelines, ``bench/results/2026-12-01T2040-h200``, N=K=8192): 8 K steps
+# of ~1.16 us each after the PDL wait (1 token: 0.97), paced by the decode and MMA of 4 programs per SM, then ~2 us of
+# split-K tail (release fence, arrival atomic, the last arriver's loads of the other partials: ~1.3 us under load).
+# Tried there and not kept, both bitwise equal: the sum by a designated program (the last split) polling its partners'
+# partials in a sentinel-filled workspace, no fence or atomic (1 / 16 tokens 12.59 / 14.30 -> 12.04 / 14.57 us; 16
+# splits at N=1024 5.9 -> 12.5), and step 0 decoded before the PDL wait (12.45 / 14.21 -> 12.21 / 14.18; N=28672 8
+# tokens after RMSNorm +1.6).
 # Ring kernel on "lanes" weights (``resident_scales``): each program copies its whole scale slice once, 8-byte runs,
 # before its K loop (before the PDL wait with ``static_weights``) instead of one 4-byte copy per row block and step
 # (18x the ideal shared-memory wavefronts); bitwise the same results.  H200, N=K=8192, back to back: 1 / 8 / 16
