@@ -3,6 +3,9 @@ its PTX decode algorithm code by code, every code and scale of the supported ran
 both MMA arrangements and K orders (C = 1, 2, 4 groups per run), odd N / K tails, M = 1, 3, 16, split-K
 with both reductions, poisoned outputs and workspaces, and CUDA-graph capture on a GPU."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from helpers import assert_close, assert_graph_capturable, every_code_pair_word, randn
@@ -148,6 +151,22 @@ def test_in_kernel_reduction_resets_its_counters(device, rng):
     used = w.device  # the kernel keys its counters by the tensors' device (with its index)
     stream = torch.cuda.current_stream(used).cuda_stream if used.type == "cuda" else 0
     assert int(small._LOCKS[(used.type, used.index, stream)].abs().sum()) == 0
+
+
+def test_outgrown_lock_buffer_stays_alive():
+    """A counter buffer that a larger call replaces stays allocated (a CUDA graph captured with it keeps using its
+    address), and the larger call gets a new zeroed buffer that covers it."""
+    device = torch.device("cpu")
+    key = (device.type, device.index, 0)
+    small._LOCKS.pop(key, None)
+    first = small._locks(device, 8)
+    gone = weakref.ref(first)
+    del first
+    bigger = small._locks(device, 5000)
+    gc.collect()
+    assert gone() is not None and gone() is not bigger
+    assert bigger.numel() >= 5000 and not bigger.any()
+    assert small._locks(device, 16) is bigger  # smaller calls keep the current buffer
 
 
 def test_sweep_configs_agree(device, rng):

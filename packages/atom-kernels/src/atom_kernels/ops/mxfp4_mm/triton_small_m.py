@@ -478,17 +478,21 @@ def pick_split(tiles: int, k_iters: int, device: torch.device, waves: int) -> in
 
 
 _LOCKS: dict[tuple, torch.Tensor] = {}
+_OUTGROWN_LOCKS: list[torch.Tensor] = []  # buffers replaced by larger ones: a captured CUDA graph may still use them
 
 
 def _locks(device: torch.device, n: int) -> torch.Tensor:
     """Zeroed int32 arrival counters (one per column block) for the in-kernel split-K reduction; every call
     leaves them zero again.  One buffer per device and stream, so kernels on different streams never share
     a counter.  (Made during a CUDA-graph capture, the buffer comes from the graph's pool and its zeroing is
-    part of the graph; the cache keeps it alive.)"""
+    part of the graph; the cache keeps it alive.)  A buffer that a larger call outgrows is kept alive too: a graph
+    captured with it replays its address, which must not go back to the allocator for other tensors."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.type, device.index, stream)
     buf = _LOCKS.get(key)
     if buf is None or buf.numel() < n:
+        if buf is not None:
+            _OUTGROWN_LOCKS.append(buf)
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
         _LOCKS[key] = buf
     return buf
