@@ -125,7 +125,8 @@ _BLOCK_M = 16
 # Tried there and not kept, both bitwise equal: the sum by a designated program (the last split) polling its partners'
 # partials in a sentinel-filled workspace, no fence or atomic (1 / 16 tokens 12.59 / 14.30 -> 12.04 / 14.57 us; 16
 # splits at N=1024 5.9 -> 12.5), and step 0 decoded before the PDL wait (12.45 / 14.21 -> 12.21 / 14.18; N=28672 8
-# tokens after RMSNorm +1.6).
+# tokens after RMSNorm +1.6); and not bitwise equal, slower: one or two K steps moved from the last split (whose
+# programs end last) to the first (16 tokens 14.12 -> 15.41 / 16.67 us; a program's time follows its step count).
 # Ring kernel on "lanes" weights (``resident_scales``): each program copies its whole scale slice once, 8-byte runs,
 # before its K loop (before the PDL wait with ``static_weights``) instead of one 4-byte copy per row block and step
 # (18x the ideal shared-memory wavefronts); bitwise the same results.  H200, N=K=8192, back to back: 1 / 8 / 16
