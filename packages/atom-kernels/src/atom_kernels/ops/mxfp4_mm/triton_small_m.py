@@ -540,10 +540,11 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     c = chunk_groups(k, block_k)
     tiles = triton.cdiv(n, cfg["block_n"])
     k_iters = triton.cdiv(k, block_k)
+    tile_tokens = ring_tile_tokens(m, cfg)
     split = cfg["split_k"]
     if split == "auto":
         split = pick_split(tiles, k_iters, device, cfg["waves"])
-        if cfg["loads"] == "ring" and ring_tile_tokens(m, cfg) > 8 and not vec_sum_applies(cfg, n):
+        if cfg["loads"] == "ring" and tile_tokens > 8 and not vec_sum_applies(cfg, n):
             split = min(split, WIDE_TILE_MAX_SPLIT)
     split = max(1, min(int(split), k_iters))
     if cfg["loads"] == "ring":
@@ -553,7 +554,7 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     split = triton.cdiv(k, k_split)
     stages = cfg["stages"]
     if stages == "auto":
-        stages = ring_stages(ring_tile_tokens(m, cfg), k_split // block_k)
+        stages = ring_stages(tile_tokens, k_split // block_k)
     return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg), stages=stages)
 
 
