@@ -51,17 +51,20 @@ def report(compiled) -> dict:
                re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^\n]*)", text)]
     ops = collections.Counter(op for _, op, _ in listing)
     loop_ops = collections.Counter()  # inside any loop: from a backward branch's target up to the branch
+    half_operands = 0  # bf16x2 multiplies in a loop taking one half of a register as both lanes (R.H0_H0 / R.H1_H1)
     for addr, op, rest in listing:
         target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
         if target and int(target.group(1), 16) < addr:
-            loop_ops.update(o for a, o, _ in listing if int(target.group(1), 16) <= a <= addr)
+            body = [(o, r) for a, o, r in listing if int(target.group(1), 16) <= a <= addr]
+            loop_ops.update(o for o, _ in body)
+            half_operands += sum(o.startswith("HMUL2") and bool(re.search(r"\.H([01])_H\1\b", r)) for o, r in body)
     wait = next((addr for addr, op, _ in listing if op == "ACQBULK"), None)  # griddepcontrol.wait (PDL)
     never = {int(m.group(1), 16) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+@!PT\s", text)}  # padding
     before_wait = collections.Counter(op for addr, op, _ in listing if wait is not None and addr < wait
                                       and addr not in never)
     res = {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", usage)}
     return {"shared": compiled.metadata.shared, "ptx_div_rn": "div.rn.f32" in compiled.asm["ptx"], "sass": dict(ops),
-            "loop_sass": dict(loop_ops), "before_wait": dict(before_wait),
+            "loop_sass": dict(loop_ops), "before_wait": dict(before_wait), "half_operands": half_operands,
             "registers": res.get("REG"), "spill_bytes": res.get("STACK", 0) + res.get("LOCAL", 0)}
 
 
@@ -175,9 +178,11 @@ def small_m_ring_cases():
             ("lanes_m16_w8_resident", 16, 8, True, False, True, False),
             ("lanes_m8_static_resident", 8, 4, True, True, True, False),
             ("lanes_m16_resident_vec_sum", 16, 4, True, False, True, True),
-            ("lanes_m8_w8_resident_vec_sum", 8, 8, True, False, True, True)):
+            ("lanes_m8_w8_resident_vec_sum", 8, 8, True, False, True, True),
+            ("lanes_m8_resident_s3", 8, 4, True, False, True, False)):
         constexprs = dict(K=8192, K_SPLIT=2048, SPLIT_K=4, HAS_BIAS=True, BLOCK_N=16 * warps, BLOCK_M=block_m,
-                          BLOCK_K=256, STAGES=2, SHIFT=32, EVEN_N=True, LANES=lanes, PDL=True, STATIC_WEIGHTS=static,
+                          BLOCK_K=256, STAGES=3 if name.endswith("_s3") else 2, SHIFT=32, EVEN_N=True, LANES=lanes, PDL=True,
+                          STATIC_WEIGHTS=static,
                           RESIDENT_SCALES=resident, VEC_SUM=vec)
         sig = dict(signature, **{name: "constexpr" for name in constexprs})
         names = list(sig)

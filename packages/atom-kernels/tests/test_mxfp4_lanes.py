@@ -95,6 +95,52 @@ def test_lanes_decode_every_code_pair():
         assert regs[pair] & 0xFFFF == lo and regs[pair] >> 16 == hi, (pair, byte)
 
 
+def test_paired_scale_multipliers():
+    """``SCALE_PAIR_ASM`` (run by a model of its 2 PTX opcodes) on a word of 4 scale bytes gives, in each half of its
+    two registers, exactly the bf16 multiplier ``2**(e - 1 - SHIFT)`` that the one-scale-per-register path builds
+    (``(e + 127 - SHIFT - 1) * 0x00800080``): groups 0 and 2 in the first register, 1 and 3 in the second, for every
+    scale byte the loader admits at every position."""
+    asm = small.SCALE_PAIR_ASM.value
+    lines = [ln.strip().rstrip(";") for ln in asm.splitlines() if ln.strip() and ln.strip() not in "{}"
+             and not ln.strip().startswith(".reg")]
+
+    def run(word):
+        regs = {"$2": word, "0": 0}
+        for line in lines:
+            op, args = line.split(None, 1)
+            a = [x.strip() for x in args.split(",")]
+            if op == "prmt.b32":
+                regs[a[0]] = small._prmt(regs[a[1]], regs[a[2]], int(a[3], 0))
+            elif op == "mad.lo.u32":
+                regs[a[0]] = (regs[a[1]] * int(a[2], 0) + int(a[3], 0)) & 0xFFFFFFFF
+            else:
+                raise AssertionError(f"unexpected instruction {line!r}")
+        return regs["$0"], regs["$1"]
+
+    def single(e):
+        return ((e + 127 - small._SHIFT - 1) * 0x00800080) & 0xFFFF
+
+    max_byte = 254 - (127 - small._SHIFT - 1)  # the largest scale whose multiplier is a normal bf16 (the loader's cap)
+    gen = torch.Generator().manual_seed(0)
+    for e in range(max_byte + 1):
+        others = torch.randint(0, max_byte + 1, (4,), generator=gen).tolist()
+        for pos in range(4):
+            groups = others[:pos] + [e] + others[pos + 1:]
+            lo, hi = run(sum(g << (8 * i) for i, g in enumerate(groups)))
+            assert lo == single(groups[0]) | single(groups[2]) << 16, (e, pos)
+            assert hi == single(groups[1]) | single(groups[3]) << 16, (e, pos)
+
+
+def test_lanes_decode_halves():
+    """``LANES_DECODE_ASM_LOW`` / ``_HIGH`` are ``LANES_DECODE_ASM`` with the multiplier taken from one half of the
+    paired register (broadcast to both lanes; ptxas folds it into the multiply's operand), the low or the high."""
+    plain = small.LANES_DECODE_ASM.value
+    for asm, half in ((small.LANES_DECODE_ASM_LOW.value, "{h, g}"), (small.LANES_DECODE_ASM_HIGH.value, "{g, h}")):
+        assert f"mov.b32 {half}, $5;" in asm and "mov.b32 m, {h, h};" in asm
+        body = [ln for ln in asm.splitlines() if not ln.startswith((".reg .b16", ".reg .b32 m", "mov.b32"))]
+        assert "\n".join(body).replace(", m;", ", $5;") == plain
+
+
 def test_lanes_errors():
     """K not a multiple of 128, or an unknown layout name: a clear error from the op, never a silent result."""
     with pytest.raises(ValueError, match="multiple of 128"):

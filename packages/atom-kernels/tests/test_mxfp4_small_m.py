@@ -206,7 +206,7 @@ def test_small_m_cuda_graph_capturable(rng, reduce):
 
 # ------------------------------------------------------------- the asynchronous-copy (Gluon) variant
 SM90 = CUDA and torch.cuda.get_device_capability()[0] == 9
-RING_CASES = [  # (m, n, k, config): bias for odd m; ragged N; 1, 2, 4 splits; 8- and 16-wide MMA; 2-4 stages
+RING_CASES = [  # (m, n, k, config): bias for odd m; ragged N; 1, 2, 4 splits; 8- and 16-wide MMA; 2-3 stages
     (1, 64, 512, {"split_k": 1}),
     (5, 200, 1024, {"split_k": 2}),
     (16, 130, 2048, {"split_k": 4, "stages": 3}),
@@ -221,7 +221,7 @@ RING_CASES = [  # (m, n, k, config): bias for odd m; ragged N; 1, 2, 4 splits; 8
 
 def test_ring_applies_only_where_its_kernel_can_run():
     """The Gluon kernel's precondition (a pure function): asked for, sm_90, whole K steps (>= 2) per split,
-    K % 128, 256-multiple steps, the in-kernel reduction, 4-byte-copyable activations; anything else falls
+    K % 128, 256-multiple steps, the in-kernel reduction, 2 or 3 ring slots, 4-byte-copyable activations; anything else falls
     back to the register-load kernel."""
     cpu = torch.device("cpu")
 
@@ -239,6 +239,7 @@ def test_ring_applies_only_where_its_kernel_can_run():
     assert applies(config={"num_warps": 8, "block_n": 128}) and not applies(config={"num_warps": 2})
     assert not applies(k=512, config={"split_k": 1, "block_k": 512})  # one K step
     assert not applies(stride=8191) and not applies(address=2)
+    assert applies(config={"stages": 3}) and not applies(config={"stages": 4})  # a ring of 2 or 3 slots
     for k in (1536, 2304, 8192, 14336):  # the ring plan always splits K into whole steps
         p = small.plan(1, 8192, k, cpu, {"loads": "ring", "split_k": "auto"})
         assert p["k_split"] * p["split"] == k and p["k_split"] % p["block_k"] == 0, p

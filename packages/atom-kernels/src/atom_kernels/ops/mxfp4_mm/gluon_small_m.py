@@ -27,8 +27,12 @@ stores each word's bits where ``LANES_DECODE_ASM`` decodes them in 9 integer ins
 
 Resident scales (``p["resident_scales"]``, the default, with "lanes" weights where ``resident_scales_fit``): each
 program copies its whole scale slice once, a row's 8 scale bytes of every K step in one 8-byte copy, into a
-``[steps, rows, 8]`` buffer, before its K loop (before the PDL wait with ``static_weights``), and each step reads its
-rows' bytes straight in the decode's register layout (``_scale_step_layout``, checked trivial by the compiler).  Per
+``[steps, rows, 2 words]`` buffer, before its K loop (before the PDL wait with ``static_weights``), and each step reads
+its rows' 32-bit scale words (4 groups each) straight in the decode's register layout.  Each word becomes two registers
+of paired bf16 multipliers, groups ``(4b, 4b+2)`` and ``(4b+1, 4b+3)`` (one ``prmt`` and one ``mad`` per pair:
+``triton_small_m.SCALE_PAIR_ASM``), and each decoded word's 4 multiplies take their half of the pair inside the
+instruction (``LANES_DECODE_ASM_LOW`` / ``_HIGH``: ``HMUL2 ... R.H0_H0``): 16 instructions per step to unpack 16 scales
+instead of 34 (``bench/results/2026-12-02T0025-h200``, bitwise the same results).  Per
 step the scales were a 4-byte copy per row block into the ring slot: 18x the ideal shared-memory wavefronts (Nsight
 Compute, ``bench/results/2026-12-01T0215-h200``) and, timed without them, 1 us of the kernel.  Bitwise the same
 results; H200, N=K=8192, back to back, 1 / 8 / 16 tokens: 14.4 / 15.0 / 16.2 -> 13.7 / 14.5 / 15.4 us
@@ -47,15 +51,24 @@ Copying the weights before the wait is most of the gain (PDL alone: 16.3 -> 15.5
 each program's whole weight slice before the wait made it slower (19.8 us), and so did a third ring stage.
 
 One or two warpgroups per program (``num_warps`` 4 or 8; two share the activation slots, each owning every
-other 64-row repeat).  Each step: wait for its copy group, fence (the MMA reads shared memory through the
-async proxy), barrier (so no thread still reads the slot that the next copies overwrite), issue the copies
-of step ``+ STAGES - 1``, decode, one warpgroup MMA (weights from registers, activations from the slot).
+other 64-row repeat).  Each step (``_ring_step``): wait for its copy group, fence (the MMA reads shared memory through
+the async proxy), barrier (every thread's copies landed, and no thread still reads the slot that the next copies
+overwrite), read its words and scales and issue the copies of step ``+ STAGES - 1`` (the copies first with 2 slots,
+where they are for the next step; the reads first with 3), decode, one warpgroup MMA (weights from registers,
+activations from the slot).  That barrier is the only one per step: the slots are separate buffers and the loop is
+unrolled by the ring depth (each slot a compile-time choice), and the wait and the fence are PTX the compiler does not
+interpret; with one ring buffer indexed at run time the compiler added two more barriers per step.  With the paired
+scales above, H200, back to back (``bench/results/2026-12-02T0025-h200/order-ab.json``, bitwise equal results):
+N=K=8192 1 / 8 / 16 tokens 12.56 / 12.93 / 14.20 -> 11.84 / 12.28 / 13.93 us, N=28672 K=8192 39.5 / 40.1 / 45.0 ->
+36.2 / 37.3 / 44.5 us.  Checkpoint-order weights ("rows") spill 88 bytes at 16 tokens in this loop (18.4 -> 20.5 us;
+sm_90 serving repacks to "lanes").
 Registers are capped at 128 (``MAX_REGISTERS``) so that 4 programs of one warpgroup fit on an SM.  Split-K partials
 go through the fp32 workspace; where N % 16 == 0 (``VEC_SUM``, ``triton_small_m.vec_sum_applies``) 4 columns (16
 bytes) per thread and the last program's sum over splits unrolled, which keeps 16-32 splits cheap at 16 tokens.
 
 Preconditions (``triton_small_m.ring_applies``, a pure function; otherwise the register-load kernel runs):
-Triton 3.6 (Gluon is experimental; its API moves between releases), an NVIDIA GPU of compute capability 9.x,
+Triton 3.6 (Gluon is experimental; its API moves between releases), an NVIDIA GPU of compute capability 9.x, a ring of 2
+or 3 slots (``RING_SLOTS``),
 ``K % 128 == 0`` (16-byte weight runs, 4-byte scale runs), ``block_k`` a multiple of 256, ``block_n`` a
 multiple of ``16 * num_warps``, at least 2 whole K steps per split, the in-kernel split-K reduction, and
 activations whose row stride and address allow 4-byte copies.  Gluon kernels do not run in Triton's CPU
@@ -69,12 +82,15 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, warpgroup_mma
 
 from atom_kernels.ops._pdl import launch_options
 from atom_kernels.ops.mxfp4_mm.triton_small_m import (  # word -> 4 bf16x2 (checkpoint / "lanes" bits)
     DECODE_ASM,
     LANES_DECODE_ASM,
+    LANES_DECODE_ASM_HIGH,
+    LANES_DECODE_ASM_LOW,
+    SCALE_PAIR_ASM,
     resident_scales_fit,
     ring_tile_tokens,
     vec_sum_applies,
@@ -132,6 +148,14 @@ def _decoded_tile(words6, e6, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SHIF
         mult = gl.reshape(gl.permute(gl.reshape(mult, (BLOCK_N, NB, 4, 4)), (0, 1, 3, 2)), (BLOCK_N, W))
     p0, p1, p2, p3 = gl.inline_asm_elementwise(LANES_DECODE_ASM if LANES else DECODE_ASM, "=r,=r,=r,=r,r,r", [words, mult],
                                                dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    return _tile_from_pairs(p0, p1, p2, p3, BLOCK_N, BLOCK_K)
+
+
+@gluon.jit
+def _tile_from_pairs(p0, p1, p2, p3, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """The decode's 4 bf16x2 registers per word ``[BLOCK_N, (block, j, t)]`` -> the tile ``[BLOCK_N, BLOCK_K]`` in the
+    ``"wgmma"`` logical K order."""
+    NB: gl.constexpr = BLOCK_K // 128
     v = gl.join(gl.join(_split_pair(p0), _split_pair(p1)), gl.join(_split_pair(p2), _split_pair(p3)))
     v = gl.permute(v, (0, 1, 4, 3, 2))  # [row, word, code]
     v = gl.permute(gl.reshape(v, (BLOCK_N, NB, 4, 4, 4, 2)), (0, 1, 2, 4, 3, 5))  # code 2p+l of (j, t) -> 32j+8p+2t+l
@@ -139,22 +163,56 @@ def _decoded_tile(words6, e6, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SHIF
 
 
 @gluon.jit
-def _grid_dependency(asm: gl.constexpr):
-    """``griddepcontrol.launch_dependents`` or ``.wait`` (no-ops unless launched with programmatic dependent launch)."""
-    gl.inline_asm_elementwise(asm + " // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+def _split_words(words6, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """Words ``[8, 4, 2, NB, R, 16]`` (rows as the MMA holds them) -> those of ``j = 0, 1`` and of ``j = 2, 3``, each
+    ``[row, block, t, j % 2]`` (word ``4 t + j`` of a block; ``j`` is the word's scale group within the block)."""
+    NB: gl.constexpr = BLOCK_K // 128
+    words = gl.reshape(gl.permute(words6, (4, 1, 2, 0, 3, 5)), (BLOCK_N, NB, 4, 2, 2))  # [row, block, t, j//2, j%2]
+    return gl.split(gl.permute(words, (0, 1, 2, 4, 3)))
+
+
+@gluon.jit
+def _decoded_tile_paired(first, second, scale_words, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """``_decoded_tile`` for "lanes" words (``_split_words``) with the step's scales as 32-bit words (``scale_words
+    [BLOCK_N, NB]``: groups ``4 b .. 4 b + 3`` of a row, a row's 4 threads alike): each becomes two registers of paired
+    multipliers (``SCALE_PAIR_ASM``: groups ``(4b, 4b+2)`` and ``(4b+1, 4b+3)``), and word ``j`` of a thread takes half
+    ``j // 2`` of pair ``j % 2`` inside the multiply (``LANES_DECODE_ASM_LOW`` / ``_HIGH``)."""
+    NB: gl.constexpr = BLOCK_K // 128
+    lo, hi = gl.inline_asm_elementwise(SCALE_PAIR_ASM, "=r,=r,r", [scale_words], dtype=(gl.int32, gl.int32),
+                                       is_pure=True, pack=1)
+    lo = gl.expand_dims(lo, 2).broadcast_to([BLOCK_N, NB, 4])
+    hi = gl.expand_dims(hi, 2).broadcast_to([BLOCK_N, NB, 4])
+    mult = gl.convert_layout(gl.join(lo, hi), first.type.layout)  # [row, block, t, j%2]
+    a0, a1, a2, a3 = gl.inline_asm_elementwise(LANES_DECODE_ASM_LOW, "=r,=r,=r,=r,r,r", [first, mult],
+                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    b0, b1, b2, b3 = gl.inline_asm_elementwise(LANES_DECODE_ASM_HIGH, "=r,=r,=r,=r,r,r", [second, mult],
+                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    return _tile_from_pairs(_word_order(a0, b0, BLOCK_N, BLOCK_K), _word_order(a1, b1, BLOCK_N, BLOCK_K),
+                            _word_order(a2, b2, BLOCK_N, BLOCK_K), _word_order(a3, b3, BLOCK_N, BLOCK_K), BLOCK_N, BLOCK_K)
+
+
+@gluon.jit
+def _word_order(first, second, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """Registers of words ``j = 0, 1`` and ``j = 2, 3`` (``[row, block, t, j % 2]`` each) -> ``[row, (block, j, t)]``."""
+    return gl.reshape(gl.permute(gl.join(first, second), (0, 1, 4, 3, 2)), (BLOCK_N, BLOCK_K // 8))
+
+
+@gluon.jit
+def _opaque_zero():
+    """0, as a value the compiler cannot fold (a constant-index round fails to compile in Triton 3.6)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
 
 
 @gluon.constexpr_function
-def _scale_step_layout(block_n, warpgroups, groups):
-    """Registers of one K step's scales ``[block_n rows, groups]`` as the lanes decode wants them: each thread the
-    ``groups`` bytes of its rows ``l + 16 w + 8 r + 64 a`` (the 4 threads of a row alike), in the register order of
-    ``SCALE_LANES`` (groups 0-3 of a block, row + 8, next block, next repeat), so that the reshape to
-    ``[g, l, w, r, b, a]`` needs no data movement."""
-    regs = [[0, 1], [0, 2], [8, 0]] + [[0, 4 << i] for i in range((groups // 4).bit_length() - 1)]
-    regs += [[64 * warpgroups << i, 0] for i in range((block_n // (64 * warpgroups)).bit_length() - 1)]
-    lanes = [[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]]
-    warps = [[16, 0], [32, 0]] + ([[64, 0]] if warpgroups == 2 else [])
-    return gl.DistributedLinearLayout(regs, lanes, warps, [], [block_n, groups])
+def _wait_asm(pending):
+    return f"cp.async.wait_group {pending};"
+
+
+@gluon.jit
+def _asm_statement(asm: gl.constexpr):
+    """One PTX statement with side effects (``griddepcontrol.*``, ``cp.async.wait_group``, ``fence.proxy.async``), out of
+    the compiler's sight: it adds no barrier of its own around it."""
+    gl.inline_asm_elementwise(asm + " // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.constexpr_function
@@ -173,18 +231,92 @@ def _copy_scales(scales_smem, s_ptr, f_off, g0, STEPS: gl.constexpr, GS: gl.cons
 
 
 @gluon.jit
-def _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k0, slot, SCALES: gl.constexpr):
-    async_copy.async_copy_global_to_shared(w_smem.index(slot), w_ptr + (w_off + k0 // 8))
+def _issue_weight_copies(w_slot, s_slot, w_ptr, s_ptr, w_off, s_off, k0, SCALES: gl.constexpr):
+    async_copy.async_copy_global_to_shared(w_slot, w_ptr + (w_off + k0 // 8))
     if SCALES:  # (else the program's scales are already resident)
-        async_copy.async_copy_global_to_shared(s_smem.index(slot), s_ptr + (s_off + k0 // 32))
+        async_copy.async_copy_global_to_shared(s_slot, s_ptr + (s_off + k0 // 32))
 
 
 @gluon.jit
-def _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k0, slot,
-                  SCALES: gl.constexpr):
-    """Start the copies of the K step at ``k0`` into ring slot ``slot``."""
-    _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k0, slot, SCALES)
-    async_copy.async_copy_global_to_shared(x_smem.index(slot), x_ptr + (x_off + k0), mask=x_mask)
+def _issue_copies(w_slot, s_slot, x_slot, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k0, SCALES: gl.constexpr):
+    """Start the copies of the K step at ``k0`` into one ring slot (its weight, scale and activation buffers)."""
+    _issue_weight_copies(w_slot, s_slot, w_ptr, s_ptr, w_off, s_off, k0, SCALES)
+    async_copy.async_copy_global_to_shared(x_slot, x_ptr + (x_off + k0), mask=x_mask)
+
+
+@gluon.jit
+def _issue_ahead(step, w_next, s_next, x_next, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k_start,
+                 STEPS: gl.constexpr, STAGES: gl.constexpr, BLOCK_K: gl.constexpr, RESIDENT: gl.constexpr):
+    """The copies of step ``step + STAGES - 1`` (if there is one) into the slot step ``step - 1`` used."""
+    ahead = step + STAGES - 1
+    if ahead < STEPS:
+        _issue_copies(w_next, s_next, x_next, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k_start + ahead * BLOCK_K,
+                      not RESIDENT)
+
+
+@gluon.jit
+def _pick(j: gl.constexpr, a, b, c):
+    """Ring slot ``j``'s buffer out of its three (separate allocations: see ``_ring_step``); ``j = -1``: the last slot
+    (``c`` is ``b`` in a ring of 2)."""
+    if j == 0:
+        return a
+    elif j == 1:
+        return b
+    else:
+        return c
+
+
+@gluon.jit
+def _ring_step(acc, step, w_slot, s_slot, x_slot, w_next, s_next, x_next, s_res, w_ptr, s_ptr, x_ptr, w_off, s_off,
+               x_off, x_mask, k_start, STEPS: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+               BLOCK_K: gl.constexpr, SHIFT: gl.constexpr, LANES: gl.constexpr, RESIDENT: gl.constexpr,
+               WORDS: gl.constexpr, SCALE_LANES: gl.constexpr, SCALE_READ: gl.constexpr, A_OPERAND: gl.constexpr):
+    """K step ``step``: wait for its copies (ring slot ``*_slot``), read its words and scales (``s_res``: the resident
+    slice), start the copies of step ``step + STAGES - 1`` into the slot step ``step - 1`` used (``*_next``), decode,
+    MMA.  The slots are separate allocations, and the wait and fence are PTX the compiler does not interpret, so the
+    only barrier per step is the one below: with one ring buffer indexed by a runtime slot the compiler cannot tell a
+    step's copies from its reads and adds two more (after the wait, and between the copies and the reads)."""
+    NB: gl.constexpr = BLOCK_K // 128
+    R: gl.constexpr = BLOCK_N // 64
+    _asm_statement(_wait_asm(STAGES - 2))  # this step's copies (this thread's) have landed
+    _asm_statement("fence.proxy.async.shared::cta;")  # ... and are visible to the MMA's async proxy
+    gl.thread_barrier()  # every thread's copies landed and fenced; nobody still reads the slot refilled below
+    if STAGES == 2:  # the copies are for the next step: start them first
+        _issue_ahead(step, w_next, s_next, x_next, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k_start, STEPS,
+                     STAGES, BLOCK_K, RESIDENT)
+    words = w_slot.load(WORDS)
+    if RESIDENT:  # the step's scale words, read in the decode's row order
+        first, second = _split_words(words, BLOCK_N, BLOCK_K)
+        scale_words = s_res.index(step).load(gl.SliceLayout(2, gl.SliceLayout(3, first.type.layout)))
+    elif LANES:
+        e = gl.expand_dims(s_slot.load(gl.SliceLayout(6, SCALE_LANES)), 6)
+        e = e.broadcast_to([4, 8, 4, 2, NB, R, 4])  # the same 4 groups for the 4 threads of a row
+    else:
+        e = s_slot.load(SCALE_READ)
+    if STAGES > 2:  # the copies are for a later step: this step's reads first
+        _issue_ahead(step, w_next, s_next, x_next, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k_start, STEPS,
+                     STAGES, BLOCK_K, RESIDENT)
+    async_copy.commit_group()
+    if RESIDENT:
+        tile = _decoded_tile_paired(first, second, scale_words, BLOCK_N, BLOCK_K)
+    else:
+        tile = _decoded_tile(words, e, BLOCK_N, BLOCK_K, SHIFT, LANES)
+    return warpgroup_mma(gl.convert_layout(tile, A_OPERAND), x_slot.permute((1, 0)), acc)
+
+
+@gluon.jit
+def _ring_round(acc, i, w0, w1, w2, s0, s1, s2, x0, x1, x2, s_res, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
+                k_start, STEPS: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                SHIFT: gl.constexpr, LANES: gl.constexpr, RESIDENT: gl.constexpr, WORDS: gl.constexpr,
+                SCALE_LANES: gl.constexpr, SCALE_READ: gl.constexpr, A_OPERAND: gl.constexpr):
+    """Round ``i`` of the K loop: steps ``i * STAGES + j`` in slot ``j``, each refilling slot ``j - 1`` (mod STAGES)."""
+    for j in gl.static_range(STAGES):
+        if STEPS % STAGES == 0 or i * STAGES + j < STEPS:  # (the last round may have fewer steps)
+            acc = _ring_step(acc, i * STAGES + j, _pick(j, w0, w1, w2), _pick(j, s0, s1, s2), _pick(j, x0, x1, x2),
+                             _pick(j - 1, w0, w1, w2), _pick(j - 1, s0, s1, s2), _pick(j - 1, x0, x1, x2), s_res, w_ptr,
+                             s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k_start, STEPS, STAGES, BLOCK_N, BLOCK_K, SHIFT,
+                             LANES, RESIDENT, WORDS, SCALE_LANES, SCALE_READ, A_OPERAND)
+    return acc
 
 
 @gluon.jit
@@ -199,7 +331,6 @@ def _mxfp4_small_m_ring_kernel(
     R: gl.constexpr = BLOCK_N // 64
     NB: gl.constexpr = BLOCK_K // 128
     STEPS: gl.constexpr = K_SPLIT // BLOCK_K
-    GS: gl.constexpr = BLOCK_K // 32  # scale groups per row and step
     RESIDENT: gl.constexpr = RESIDENT_SCALES and LANES  # the program's scales copied once, 8-byte runs
     # Register layouts: words as the MMA operand holds the rows, 4 words per thread; scales copied 4 bytes per
     # thread and read one byte per thread; activations 2 values per thread; the MMA and its A operand.
@@ -216,6 +347,7 @@ def _mxfp4_small_m_ring_kernel(
                                                      [1, 1, 4, 1, 1, WG, 1], [6, 1, 0, 2, 3, 4, 5])
     else:
         ACT: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WG, 4], [1, 0])  # covers [WG, 256]: no copy twice
+        SCALE_LANES: gl.constexpr = None
     if VEC_SUM:  # 4 adjacent columns per thread: 16-byte partials (N % 16 == 0 keeps every row aligned)
         OUT: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, 4 * WG], [1, 0])
     else:
@@ -224,22 +356,40 @@ def _mxfp4_small_m_ring_kernel(
                                                   instr_shape=[16, BLOCK_M, 16])
     A_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
 
-    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, 8, 4, 2, NB, R, RUN_WORDS],
-                                       gl.SwizzledSharedLayout(1, 1, 1, [5, 0, 1, 2, 3, 4]))
-    if RESIDENT:  # the program's whole scale slice, [step, row, group], copied once
-        SCALE_FILL: gl.constexpr = _scale_fill_layout(BLOCK_N, WG, GS)
-        SCALE_STEP: gl.constexpr = _scale_step_layout(BLOCK_N, WG, GS)
-        s_smem = gl.allocate_shared_memory(gl.uint8, [STEPS, BLOCK_N, GS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    # The ring: 2 or 3 slots, each its own weight, scale and activation buffers (see _ring_step).
+    gl.static_assert(STAGES == 2 or STAGES == 3, "the ring has 2 or 3 slots")
+    W_SLOT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 0, 1, 2, 3, 4])
+    S_SLOT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0, 1, 2, 3, 4, 5])
+    X_SLOT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    w0 = gl.allocate_shared_memory(gl.int32, [8, 4, 2, NB, R, RUN_WORDS], W_SLOT)
+    w1 = gl.allocate_shared_memory(gl.int32, [8, 4, 2, NB, R, RUN_WORDS], W_SLOT)
+    x0 = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_K], X_SLOT)
+    x1 = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_K], X_SLOT)
+    if STAGES == 3:
+        w2 = gl.allocate_shared_memory(gl.int32, [8, 4, 2, NB, R, RUN_WORDS], W_SLOT)
+        x2 = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_K], X_SLOT)
+    else:
+        w2 = w1
+        x2 = x1
+    if RESIDENT:  # the program's whole scale slice as 32-bit words (4 groups each), [step, row, word], copied once
+        SCALE_FILL: gl.constexpr = _scale_fill_layout(BLOCK_N, WG, NB)
+        s_res = gl.allocate_shared_memory(gl.int32, [STEPS, BLOCK_N, NB], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        s0 = s_res
+        s1 = s_res
+        s2 = s_res
     else:  # one step's scales per ring slot
-        s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, 4, 8, 4, 2, NB, R],
-                                           gl.SwizzledSharedLayout(1, 1, 1, [0, 1, 2, 3, 4, 5]))
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K],
-                                       gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        s0 = gl.allocate_shared_memory(gl.uint8, [4, 8, 4, 2, NB, R], S_SLOT)
+        s1 = gl.allocate_shared_memory(gl.uint8, [4, 8, 4, 2, NB, R], S_SLOT)
+        if STAGES == 3:
+            s2 = gl.allocate_shared_memory(gl.uint8, [4, 8, 4, 2, NB, R], S_SLOT)
+        else:
+            s2 = s1
+        s_res = s0
 
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     if PDL:  # the next kernel on the stream may launch now; it waits for this one's results (its own wait below)
-        _grid_dependency("griddepcontrol.launch_dependents;")
+        _asm_statement("griddepcontrol.launch_dependents;")
     # weight word offsets [8, 4, 2, NB, R, 16]: row l + 16 w + 8 r + 64 a, word 16 b + j of the step
     rows = (pid_n * BLOCK_N + _axis(8, 0, 6, WORDS) + 16 * _axis(4, 1, 6, WORDS) + 8 * _axis(2, 2, 6, WORDS)
             + 64 * _axis(R, 4, 6, WORDS))
@@ -268,55 +418,47 @@ def _mxfp4_small_m_ring_kernel(
     x_off = gl.minimum(rows_x, M - 1)[:, None] * stride_xm + kn[None, :]  # int32: at most 16 rows
 
     k_start = pid_k * K_SPLIT
-    if RESIDENT:  # [step, row, group] offsets of the program's whole scale slice: GS-byte runs per row and step
+    if RESIDENT:  # [step, row, word] offsets (32-bit words) of the program's whole scale slice: GS bytes per row and step
+        s_words_ptr = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # K % 128 == 0: rows of whole words
         f_rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALE_FILL))
         if not EVEN_N:
             f_rows = gl.where(f_rows < N, f_rows, 0)
-        f_off = f_rows.to(gl.int64)[:, None] * (K // 32) + gl.arange(0, GS, layout=gl.SliceLayout(0, SCALE_FILL))[None, :]
+        f_off = f_rows.to(gl.int64)[:, None] * (K // 128) + gl.arange(0, NB, layout=gl.SliceLayout(0, SCALE_FILL))[None, :]
         if PDL and STATIC_WEIGHTS:  # static: before the wait, in the first copy group
-            _copy_scales(s_smem, s_ptr, f_off, k_start // 32, STEPS, GS)
+            _copy_scales(s_res, s_words_ptr, f_off, k_start // 128, STEPS, NB)
     if PDL and STATIC_WEIGHTS:  # the caller says no recent kernel writes the weights: copy them before the wait
         for s in gl.static_range(STAGES - 1):
             if s < STEPS:
-                _issue_weight_copies(w_smem, s_smem, w_ptr, s_ptr, w_off, s_off, k_start + s * BLOCK_K, s,
-                                     not RESIDENT)
+                _issue_weight_copies(_pick(s, w0, w1, w2), _pick(s, s0, s1, s2), w_ptr, s_ptr, w_off, s_off,
+                                     k_start + s * BLOCK_K, not RESIDENT)
     if PDL:
-        _grid_dependency("griddepcontrol.wait;")  # the previous kernel's results (x, locks, ...) are visible now
+        _asm_statement("griddepcontrol.wait;")  # the previous kernel's results (x, locks, ...) are visible now
     if RESIDENT and not (PDL and STATIC_WEIGHTS):
-        _copy_scales(s_smem, s_ptr, f_off, k_start // 32, STEPS, GS)
+        _copy_scales(s_res, s_words_ptr, f_off, k_start // 128, STEPS, NB)
     for s in gl.static_range(STAGES - 1):
         if s < STEPS:
             if PDL and STATIC_WEIGHTS:
-                async_copy.async_copy_global_to_shared(x_smem.index(s), x_ptr + (x_off + k_start + s * BLOCK_K),
+                async_copy.async_copy_global_to_shared(_pick(s, x0, x1, x2), x_ptr + (x_off + k_start + s * BLOCK_K),
                                                        mask=x_mask)
             else:
-                _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
-                              k_start + s * BLOCK_K, s, not RESIDENT)
+                _issue_copies(_pick(s, w0, w1, w2), _pick(s, s0, s1, s2), _pick(s, x0, x1, x2), w_ptr, s_ptr, x_ptr,
+                              w_off, s_off, x_off, x_mask, k_start + s * BLOCK_K, not RESIDENT)
         async_copy.commit_group()
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=MMA)
-    for step in range(STEPS):
-        async_copy.wait_group(STAGES - 2)  # this step's copies (this thread's) have landed
-        fence_async_shared()  # ... and are visible to the MMA's async proxy
-        gl.thread_barrier()  # every thread's copies landed; nobody still reads the slot refilled below
-        ahead = step + STAGES - 1
-        if ahead < STEPS:
-            _issue_copies(w_smem, s_smem, x_smem, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask,
-                          k_start + ahead * BLOCK_K, ahead % STAGES, not RESIDENT)
-        async_copy.commit_group()
-        slot = step % STAGES
-        words = w_smem.index(slot).load(WORDS)
-        if RESIDENT:  # [rows, groups] -> [g, l, w, r, b, a] (row l + 16 w + 8 r + 64 a, group 4 b + g)
-            e = gl.reshape(s_smem.index(step).load(SCALE_STEP), [R, 4, 2, 8, NB, 4])
-            e = gl.convert_layout(gl.permute(e, (5, 3, 1, 2, 4, 0)), gl.SliceLayout(6, SCALE_LANES), assert_trivial=True)
-            e = gl.expand_dims(e, 6).broadcast_to([4, 8, 4, 2, NB, R, 4])
-        elif LANES:
-            e = gl.expand_dims(s_smem.index(slot).load(gl.SliceLayout(6, SCALE_LANES)), 6)
-            e = e.broadcast_to([4, 8, 4, 2, NB, R, 4])  # the same 4 groups for the 4 threads of a row
-        else:
-            e = s_smem.index(slot).load(SCALE_READ)
-        tile = gl.convert_layout(_decoded_tile(words, e, BLOCK_N, BLOCK_K, SHIFT, LANES), A_OPERAND)
-        acc = warpgroup_mma(tile, x_smem.index(slot).permute((1, 0)), acc)
+    # Unrolled by the ring depth so that every slot index is a constant: the compiler then sees that a step's copies
+    # (into the slot of step + STAGES - 1) and its reads (its own slot) touch different memory and adds no barrier
+    # between them; the one barrier per step below is the ring's.
+    ROUNDS: gl.constexpr = (STEPS + STAGES - 1) // STAGES
+    if ROUNDS == 1:  # (Triton 3.6 fails to compile a loop of one round, and a round at a constant index)
+        acc = _ring_round(acc, _opaque_zero(), w0, w1, w2, s0, s1, s2, x0, x1, x2, s_res, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off,
+                          x_mask, k_start, STEPS, STAGES, BLOCK_N, BLOCK_K, SHIFT, LANES, RESIDENT, WORDS, SCALE_LANES,
+                          SCALE_READ, A_OPERAND)
+    else:
+        for i in range(ROUNDS):
+            acc = _ring_round(acc, i, w0, w1, w2, s0, s1, s2, x0, x1, x2, s_res, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off,
+                              x_mask, k_start, STEPS, STAGES, BLOCK_N, BLOCK_K, SHIFT, LANES, RESIDENT, WORDS, SCALE_LANES,
+                              SCALE_READ, A_OPERAND)
     async_copy.wait_group(0)
 
     acc = gl.convert_layout(gl.permute(acc, (1, 0)), OUT) * (2.0 ** SHIFT)

@@ -127,6 +127,12 @@ _BLOCK_M = 16
 # splits at N=1024 5.9 -> 12.5), and step 0 decoded before the PDL wait (12.45 / 14.21 -> 12.21 / 14.18; N=28672 8
 # tokens after RMSNorm +1.6); and not bitwise equal, slower: one or two K steps moved from the last split (whose
 # programs end last) to the first (16 tokens 14.12 -> 15.41 / 16.67 us; a program's time follows its step count).
+# Ring kernel per K step (``bench/results/2026-12-02T0025-h200``, bitwise equal results): the scales unpacked two per
+# register (``SCALE_PAIR_ASM``; 34 -> 16 instructions per step) and one barrier per step instead of three (separate slot
+# buffers, the loop unrolled by the ring depth), the copies issued before the step's reads with 2 slots and after them
+# with 3: N=K=8192 1 / 8 / 16 tokens 12.56 / 12.93 / 14.20 -> 11.84 / 12.28 / 13.93 us.  Tried there and not kept: an L2
+# prefetch of the next 1-8 steps' weight lines before the PDL wait (16 tokens 14.02 -> 14.21-17.90 us, slower the more
+# it fetched) and 2 or 4 warpgroups per program sharing the activation tile (14.24 -> 15.54 / 20.40 us).
 # Ring kernel on "lanes" weights (``resident_scales``): each program copies its whole scale slice once, 8-byte runs,
 # before its K loop (before the PDL wait with ``static_weights``) instead of one 4-byte copy per row block and step
 # (18x the ideal shared-memory wavefronts); bitwise the same results.  H200, N=K=8192, back to back: 1 / 8 / 16
@@ -161,7 +167,6 @@ SWEEP: list[dict] = [
     dict(narrow_m=False),
     dict(stages=2),
     dict(stages=3),
-    dict(stages=4),
     dict(pdl=False),  # the ring kernel without programmatic dependent launch
     dict(resident_scales=False),  # the ring kernel copying each step's scale bytes into its ring slot
     dict(vec_sum=False),  # split-K partials one column per thread (and at most 8 splits at 9-16 tokens)
@@ -219,21 +224,41 @@ def _term_ptx(dest: str, mask: int, rotation: int) -> list[str]:
     return [shift, f"and.b32 {dest}, {dest}, {mask:#010x};"]
 
 
-def lanes_decode_asm() -> str:
+def lanes_decode_asm(half: int | None = None) -> str:
     """``DECODE_ASM`` for words in the "lanes" layout: register ``p`` is the OR of ``formats.LANES_PAIR_TERMS[p]``,
     times the scale: 10 integer PTX instructions per word, 9 in SASS (ptxas merges register 0's mask and OR into one
-    LOP3), instead of 13.  Built from the table, so the layout and its decode cannot drift apart."""
+    LOP3), instead of 13.  Built from the table, so the layout and its decode cannot drift apart.  With ``half`` (0 or
+    1) ``$5`` holds two groups' multipliers (``SCALE_PAIR_ASM``) and the word takes the bf16 of that half in both lanes
+    (ptxas folds the selection into the multiply's operand: ``HMUL2 ... R.H0_H0``)."""
     lines = ["{", ".reg .b32 t, u;"]
+    scale = "$5"
+    if half is not None:
+        halves = ("h, g" if half == 0 else "g, h")  # h: the half this word takes
+        lines += [".reg .b16 h, g;", ".reg .b32 m;", f"mov.b32 {{{halves}}}, $5;", "mov.b32 m, {h, h};"]
+        scale = "m"
     for pair, terms in enumerate(LANES_PAIR_TERMS):
         for n, (mask, rotation) in enumerate(terms):
             lines += _term_ptx("t" if n == 0 else "u", mask, rotation)
             if n:
                 lines.append("or.b32 t, t, u;")
-        lines.append(f"mul.rn.bf16x2 ${pair}, t, $5;")
+        lines.append(f"mul.rn.bf16x2 ${pair}, t, {scale};")
     return "\n".join(lines + ["}"])
 
 
+def scale_pair_asm(shift: int) -> str:
+    """One 32-bit word of 4 e8m0 scale bytes (groups ``g .. g + 3``, byte ``i`` = group ``g + i``) -> two registers of
+    bf16x2 multipliers ``2**(e - 1 - shift)``: groups ``(g, g + 2)`` in ``$0`` and ``(g + 1, g + 3)`` in ``$1`` (low half
+    first).  One ``prmt`` spreads two bytes into the halves and one ``mad`` shifts them into the bf16 exponent field
+    and adds the bias: 4 instructions per 4 scales (unpacked one byte at a time: 7)."""
+    bias = (127 - shift - 1) * 0x00800080
+    return "\n".join(["{", ".reg .b32 a, b;", "prmt.b32 a, $2, 0, 0x4240;", "prmt.b32 b, $2, 0, 0x4341;",
+                      f"mad.lo.u32 $0, a, 128, {bias:#010x};", f"mad.lo.u32 $1, b, 128, {bias:#010x};", "}"])
+
+
 LANES_DECODE_ASM = tl.constexpr(lanes_decode_asm())
+LANES_DECODE_ASM_LOW = tl.constexpr(lanes_decode_asm(0))  # a word taking the low half of its paired multipliers
+LANES_DECODE_ASM_HIGH = tl.constexpr(lanes_decode_asm(1))
+SCALE_PAIR_ASM = tl.constexpr(scale_pair_asm(_SHIFT))
 _LANES_BIT_SOURCES = tl.constexpr(LANES_BIT_SOURCES)
 
 
@@ -505,6 +530,7 @@ def loads_in_mma_rows(cfg: dict) -> bool:
     return cfg["mma"] == "wgmma" and cfg["block_n"] % 64 == 0 and cfg["num_warps"] == 4
 
 
+RING_SLOTS = (2, 3)  # the ring kernel's depths (its slots are separate buffers, picked at compile time)
 RING_TRITON = "3.6."  # the Triton whose (experimental) Gluon API the ring kernel is written and verified against
 
 
@@ -517,7 +543,7 @@ def ring_applies(p: dict, k: int, x_stride: int, x_address: int, capability: tup
     allow 4-byte copies."""
     return (p["loads"] == "ring" and capability is not None and capability[0] == 9 and p["mma"] == "wgmma"
             and p["num_warps"] in (4, 8) and p["block_n"] % (16 * p["num_warps"]) == 0
-            and p["reduce"] == "in_kernel" and k % 128 == 0 and p["block_k"] % 256 == 0
+            and p["reduce"] == "in_kernel" and p["stages"] in RING_SLOTS and k % 128 == 0 and p["block_k"] % 256 == 0
             and p["k_split"] * p["split"] == k and p["k_split"] >= 2 * p["block_k"]
             and x_stride % 2 == 0 and x_address % 4 == 0)
 
