@@ -216,18 +216,19 @@ def _asm_statement(asm: gl.constexpr):
 
 
 @gluon.constexpr_function
-def _scale_fill_layout(block_n, warpgroups, groups):
-    """One step's scales ``[block_n rows, groups]`` for the copy: a row's ``groups`` bytes per thread (one copy);
-    threads beyond the rows hold duplicates, which the copy masks off."""
+def _scale_fill_layout(block_n, warpgroups, words):
+    """One step's scales ``[block_n rows, words]`` (32-bit words of 4 groups) for the copy: a row's ``words`` per thread
+    (one copy); threads beyond the rows hold duplicates, which the copy masks off."""
     row_warps = min(block_n // 32, 4 * warpgroups)
-    return gl.BlockedLayout([1, groups], [32, 1], [row_warps, 4 * warpgroups // row_warps], [1, 0])
+    return gl.BlockedLayout([1, words], [32, 1], [row_warps, 4 * warpgroups // row_warps], [1, 0])
 
 
 @gluon.jit
-def _copy_scales(scales_smem, s_ptr, f_off, g0, STEPS: gl.constexpr, GS: gl.constexpr):
-    """Copy a program's whole scale slice (groups from ``g0``) into ``scales_smem [STEPS, rows, GS]``."""
+def _copy_scales(scales_smem, s_ptr, f_off, w0, STEPS: gl.constexpr, WORDS: gl.constexpr):
+    """Copy a program's whole scale slice (32-bit words of 4 groups, from word ``w0``) into ``scales_smem [STEPS, rows,
+    WORDS]``."""
     for s in gl.static_range(STEPS):
-        async_copy.async_copy_global_to_shared(scales_smem.index(s), s_ptr + (f_off + (g0 + s * GS)))
+        async_copy.async_copy_global_to_shared(scales_smem.index(s), s_ptr + (f_off + (w0 + s * WORDS)))
 
 
 @gluon.jit
@@ -418,7 +419,7 @@ def _mxfp4_small_m_ring_kernel(
     x_off = gl.minimum(rows_x, M - 1)[:, None] * stride_xm + kn[None, :]  # int32: at most 16 rows
 
     k_start = pid_k * K_SPLIT
-    if RESIDENT:  # [step, row, word] offsets (32-bit words) of the program's whole scale slice: GS bytes per row and step
+    if RESIDENT:  # [step, row, word] offsets (32-bit words) of the program's whole scale slice: NB words per row and step
         s_words_ptr = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # K % 128 == 0: rows of whole words
         f_rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALE_FILL))
         if not EVEN_N:
