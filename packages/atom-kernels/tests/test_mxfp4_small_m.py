@@ -329,16 +329,22 @@ def test_wide_tile_split_cap(monkeypatch):
 
 
 def test_ring_stages():
-    """The ring is 3 slots deep where the MMA tile is 8 wide and each program has at least 8 K steps (the H200 data in
-    ``DEEP_RING``'s comment), else 2; a configuration that names its stages keeps them."""
+    """The ring is 3 slots deep where each program has at least 8 K steps and, with the 16-wide MMA tile, at most 16
+    (beyond, 4 programs no longer fit on an SM; the H200 data in ``DEEP_RING``'s comment), else 2; a configuration that
+    names its stages keeps them."""
     assert small.ring_stages(8, 8) == 3 and small.ring_stages(8, 32) == 3
-    assert small.ring_stages(8, 7) == 2 and small.ring_stages(16, 8) == 2 and small.ring_stages(16, 32) == 2
+    assert small.ring_stages(16, 8) == 3 and small.ring_stages(16, 16) == 3
+    assert small.ring_stages(8, 7) == 2 and small.ring_stages(16, 7) == 2 and small.ring_stages(16, 17) == 2
+    assert small.ring_stages(16, 8, lanes=False) == 2 and small.ring_stages(8, 8, lanes=False) == 3
     cpu = torch.device("cpu")
     assert small.DEFAULT["stages"] == "auto"
     assert small.plan(1, 8192, 8192, cpu, {"split_k": 4})["stages"] == 3  # 8 steps of 256
     assert small.plan(8, 8192, 8192, cpu, {"split_k": 8})["stages"] == 2  # 4 steps
-    assert small.plan(16, 8192, 8192, cpu, {"split_k": 4})["stages"] == 2  # 16-wide tile
-    assert small.plan(5, 8192, 8192, cpu, {"split_k": 4, "narrow_m": False})["stages"] == 2
+    assert small.plan(16, 8192, 8192, cpu, {"split_k": 4})["stages"] == 3  # 16-wide tile, 8 steps
+    assert small.plan(16, 8192, 8192, cpu, {"split_k": 4}, "rows")["stages"] == 2  # checkpoint order: no resident scales
+    assert small.plan(16, 8192, 8192, cpu, {"split_k": 1})["stages"] == 2  # 16-wide tile, 32 steps
+    assert small.plan(5, 8192, 8192, cpu, {"split_k": 1})["stages"] == 3  # 8-wide tile, 32 steps
+    assert small.plan(5, 8192, 8192, cpu, {"split_k": 1, "narrow_m": False})["stages"] == 2  # 16-wide
     assert small.plan(1, 8192, 8192, cpu, {"split_k": 4, "stages": 2})["stages"] == 2
 
 

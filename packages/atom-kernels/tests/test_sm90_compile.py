@@ -197,6 +197,22 @@ def test_mxfp4_small_m_ring_kernel_vec_sum(compiled, name):
     assert sass.get("LDG.E.128.STRONG.GPU", 0) == 4 * stores and not sass.get("LDG.E.STRONG.GPU", 0), sorted(sass.items())
 
 
+@pytest.mark.parametrize("stages", ["", "_s3"])
+def test_mxfp4_small_m_ring_kernel_contiguous_activations(compiled, stages):
+    """Activation rows K apart (``X_CONTIGUOUS``, the usual case) give each thread's 4 rows one address plus constant
+    offsets: at least 12 fewer loop instructions per K step at 16 tokens (4 runs x 64-bit address arithmetic), the same
+    copies, no spill; and a 3-slot ring of the 16-wide tile (8-16 K steps, ``triton_small_m.ring_stages``) leaves room for
+    4 programs per SM (228 KB of shared memory, 1 KB of it reserved per program)."""
+    strided = _ok(compiled, f"small_m_ring_lanes_m16_resident_vec_sum{stages}")
+    contiguous = _ok(compiled, f"small_m_ring_lanes_m16_resident_vec_sum_xc{stages}")
+    for case in (strided, contiguous):
+        assert case["spill_bytes"] == 0 and case["registers"] <= 128, case
+        assert 4 * (case["shared"] + 1024) <= 228 * 1024, case["shared"]
+    fewer, before = _per_step(contiguous), _per_step(strided)
+    assert sum(fewer.values()) <= sum(before.values()) - 12, (sum(fewer.values()), sum(before.values()))
+    assert fewer["LDGSTS.E.BYPASS.128"] == before["LDGSTS.E.BYPASS.128"] == 8, sorted(fewer.items())
+
+
 @pytest.mark.parametrize("name", ["rms_norm_pdl", "silu_and_mul_pdl", "small_m_ring_lanes_m8", "small_m_ring_lanes_m16",
                                   "small_m_ring_lanes_m8_static", "small_m_ring_lanes_m8_resident",
                                   "small_m_ring_lanes_m8_static_resident"])

@@ -128,7 +128,7 @@ def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True)
         row = {**base, "impl": impl, "config": json.dumps(cfg) if cfg is not None else "default", "layout": row_layout}
         row_pairs = [(formats.mxfp4_rows_to_lanes(a), b) for a, b in pairs] if row_layout == "lanes" else pairs
         if cfg is None or cfg.get("kernel", "small_m") == "small_m":
-            row["plan"] = json.dumps({key: v for key, v in triton_small_m.plan(m, n, k, x.device, cfg).items()
+            row["plan"] = json.dumps({key: v for key, v in triton_small_m.plan(m, n, k, x.device, cfg, row_layout).items()
                                       if key in ("mma", "block_n", "block_k", "split", "reduce", "num_warps",
                                                  "num_stages", "loads", "stages")})
         try:

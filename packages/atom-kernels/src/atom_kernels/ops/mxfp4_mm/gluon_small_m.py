@@ -19,7 +19,11 @@ the copies of later steps are in flight while this step decodes, without holding
 
 Weights in the ``"lanes"`` byte order (``LANES``; ``formats.mxfp4_rows_to_lanes``) put each code where this
 kernel's logical K order wants it, so the activations are copied in natural K order, 16 bytes at a time, rows
-past ``M`` zero-filled (a re-read row would come from L2: 16-byte copies bypass L1); each thread then reads the 4
+past ``M`` zero-filled (a re-read row would come from L2: 16-byte copies bypass L1); where the activation rows are K
+apart (``X_CONTIGUOUS``, the usual case) a thread's 4 rows are one address plus constants (no clamp: the masked rows are
+never read), 16 fewer instructions per K step at 16 tokens (H200, ``bench/results/2026-12-02T0350-h200/wide-ring.json``:
+N=K=8192 12 / 16 tokens 13.79 / 14.09 -> 13.51 / 13.72 us, N=28672 K=8192 44.6 / 44.7 -> 43.5 / 43.8, N=8192 K=28672
+41.7 / 42.0 -> 40.6 / 41.2, 1-8 tokens and shapes of at most 4 K steps per program within noise); each thread then reads the 4
 scale groups of its row blocks (word ``j`` of every thread is in group ``j``).  H200, N=K=8192: 16 tokens
 19.6 -> 17.6 us, 8 tokens 17.2 -> 16.5, 1 token unchanged (``bench/results/2026-12-01T0300-h200``).  The layout also
 stores each word's bits where ``LANES_DECODE_ASM`` decodes them in 9 integer instructions instead of 13
@@ -328,6 +332,7 @@ def _mxfp4_small_m_ring_kernel(
     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
     SHIFT: gl.constexpr, EVEN_N: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr = False,
     STATIC_WEIGHTS: gl.constexpr = False, RESIDENT_SCALES: gl.constexpr = False, VEC_SUM: gl.constexpr = False,
+    X_CONTIGUOUS: gl.constexpr = False,
 ):
     R: gl.constexpr = BLOCK_N // 64
     NB: gl.constexpr = BLOCK_K // 128
@@ -416,7 +421,10 @@ def _mxfp4_small_m_ring_kernel(
         # Rows past M copy row M - 1 again (no predicate per copy; 4-byte copies hit L1): they only reach MMA
         # output columns past M, which are never stored.
         x_mask = None
-    x_off = gl.minimum(rows_x, M - 1)[:, None] * stride_xm + kn[None, :]  # int32: at most 16 rows
+    if LANES and X_CONTIGUOUS:  # rows K apart: a thread's 4 rows are constant offsets of one address (rows past M are
+        x_off = rows_x[:, None] * K + kn[None, :]  # masked, never read); 16 fewer instructions per step at 16 tokens
+    else:
+        x_off = gl.minimum(rows_x, M - 1)[:, None] * stride_xm + kn[None, :]  # int32: at most 16 rows
 
     k_start = pid_k * K_SPLIT
     if RESIDENT:  # [step, row, word] offsets (32-bit words) of the program's whole scale slice: NB words per row and step
@@ -508,7 +516,7 @@ def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int,
         K=k, K_SPLIT=p["k_split"], SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=p["block_n"], BLOCK_M=block_m,
         BLOCK_K=p["block_k"], STAGES=p["stages"], SHIFT=shift, EVEN_N=n % p["block_n"] == 0, LANES=lanes,
         PDL=p["pdl"], STATIC_WEIGHTS=static_weights, RESIDENT_SCALES=lanes and resident_scales_fit(p),
-        VEC_SUM=vec_sum_applies(p, n),
+        VEC_SUM=vec_sum_applies(p, n), X_CONTIGUOUS=x.stride(0) == k,
         num_warps=p["num_warps"], maxnreg=MAX_REGISTERS, **launch_options(p["pdl"]),
     )
 

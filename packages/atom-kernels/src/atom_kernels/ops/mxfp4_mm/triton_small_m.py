@@ -142,7 +142,12 @@ _BLOCK_M = 16
 # 1 / 8 tokens N=K=8192 (8 steps) 13.15 / 13.26 -> 12.59 / 12.97 us, N=8192 K=16384 (16 steps) 22.8 / 23.9 -> 21.9 /
 # 22.5, N=28672 K=8192 (32) 41.4 / 41.5 -> 39.9 / 40.5; but at 16 tokens (16-wide activation slots) 3 stages cost
 # 0.3 us at 8 steps and 15 us at 28-32 (3 programs per SM), and with 2-4 steps they gain nothing (-0.2 .. +0.6).
-DEEP_RING = dict(stages=3, max_tile_tokens=8, min_steps=8)
+# Since the ring kernel takes one barrier per step (bench/results/2026-12-02T0025-h200), the 16-wide tile gains from 3
+# slots too, on "lanes" weights, where 4 programs still fit on an SM (at most 16 steps: 3 x 16 KB of slots + up to 8 KB
+# of resident scales).  H200, 12 / 16 tokens, 2 -> 3 slots (``bench/results/2026-12-02T0350-h200/wide-ring.json``):
+# N=8192 K=16384 (16 steps) 24.4 / 24.7 -> 23.3 / 23.9 us, N=14336 K=4096 (8) 13.3 / 13.4 -> 12.8 / 13.1, N=K=8192 (8)
+# 13.5 / 13.7 -> 13.3 / 13.8; with 28 steps (3 programs per SM) 41.9 / 42.0 -> 50.2 / 51.4 (``variants-5.json``).
+DEEP_RING = dict(stages=3, max_tile_tokens=8, min_steps=8, max_wide_steps=16)
 # Split-K of the ring kernel's 16-wide tile (9-16 tokens) under "auto", where the partials are summed one column per
 # thread (no ``vec_sum``, below): at most 8 splits.  H200, lanes weights, 16
 # tokens (``bench/results/2026-12-01T1830-h200/split-study.json``): N=1024 K=8192 16 -> 8 splits 8.9 -> 6.6 us,
@@ -557,8 +562,8 @@ def resident_scales_fit(p: dict) -> bool:
     return bool(p.get("resident_scales")) and p["k_split"] // MX_GROUP * p["block_n"] <= RESIDENT_SCALE_BYTES
 
 
-def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = None) -> dict:
-    """Launch parameters of one call (a dict the bench records)."""
+def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = None, layout: str = "lanes") -> dict:
+    """Launch parameters of one call on weights in ``layout`` (a dict the bench records)."""
     cfg = dict(DEFAULT, **(config or {}))
     block_k = cfg["block_k"]
     if block_k % MX_GROUP or block_k & (block_k - 1):
@@ -580,7 +585,7 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     split = triton.cdiv(k, k_split)
     stages = cfg["stages"]
     if stages == "auto":
-        stages = ring_stages(tile_tokens, k_split // block_k)
+        stages = ring_stages(tile_tokens, k_split // block_k, lanes=layout == "lanes")
     return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg), stages=stages)
 
 
@@ -594,11 +599,13 @@ def ring_tile_tokens(m: int, cfg: dict) -> int:
     return 8 if m <= 8 and cfg.get("narrow_m", True) else 16
 
 
-def ring_stages(tile_tokens: int, steps: int) -> int:
+def ring_stages(tile_tokens: int, steps: int, lanes: bool = True) -> int:
     """Shared-memory slots of the ring kernel for an MMA tile ``tile_tokens`` wide and ``steps`` K steps per program
-    (``DEEP_RING``: deeper where the activation slots are small and the programs long enough to use it)."""
-    deep = tile_tokens <= DEEP_RING["max_tile_tokens"] and steps >= DEEP_RING["min_steps"]
-    return DEEP_RING["stages"] if deep else 2
+    (``DEEP_RING``: deeper where the programs are long enough to use it, and with the wide tile's larger activation slots
+    only on "lanes" weights (resident scales; on the checkpoint's order that loop spills) while 4 programs still fit on
+    an SM)."""
+    fits = tile_tokens <= DEEP_RING["max_tile_tokens"] or (lanes and steps <= DEEP_RING["max_wide_steps"])
+    return DEEP_RING["stages"] if steps >= DEEP_RING["min_steps"] and fits else 2
 
 
 def _ring_capability(device: torch.device) -> tuple[int, int] | None:
@@ -641,7 +648,7 @@ def mxfp4_mm_small_m(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bi
         return out
     if x.stride(1) != 1:  # both kernels read a row's K as consecutive elements
         x = x.contiguous()
-    p = plan(m, n, k, x.device, config)
+    p = plan(m, n, k, x.device, config, layout)
     split = p["split"]
     reduce_in_kernel = p["reduce"] == "in_kernel"
     locks = _locks(x.device, p["tiles"]) if split > 1 and reduce_in_kernel else None
