@@ -182,9 +182,11 @@ def small_m_ring_cases():
             ("lanes_m8_resident_s3", 8, 4, True, False, True, False),
             ("lanes_m16_resident_vec_sum_xc", 16, 4, True, False, True, True),
             ("lanes_m16_resident_vec_sum_s3", 16, 4, True, False, True, True),
-            ("lanes_m16_resident_vec_sum_xc_s3", 16, 4, True, False, True, True)):
-        constexprs = dict(K=8192, K_SPLIT=2048, SPLIT_K=4, HAS_BIAS=True, BLOCK_N=16 * warps, BLOCK_M=block_m,
-                          BLOCK_K=256, STAGES=3 if name.endswith("_s3") else 2, SHIFT=32, EVEN_N=True, LANES=lanes, PDL=True,
+            ("lanes_m16_resident_vec_sum_xc_s3", 16, 4, True, False, True, True),
+            ("lanes_m16_resident_vec_sum_xc_s3_steps16", 16, 4, True, False, True, True)):
+        steps = 16 if name.endswith("_steps16") else 8
+        constexprs = dict(K=8192, K_SPLIT=256 * steps, SPLIT_K=32 // steps, HAS_BIAS=True, BLOCK_N=16 * warps, BLOCK_M=block_m,
+                          BLOCK_K=256, STAGES=3 if "_s3" in name else 2, SHIFT=32, EVEN_N=True, LANES=lanes, PDL=True,
                           STATIC_WEIGHTS=static,
                           RESIDENT_SCALES=resident, VEC_SUM=vec, X_CONTIGUOUS="_xc" in name)
         sig = dict(signature, **{name: "constexpr" for name in constexprs})

@@ -201,11 +201,13 @@ def test_mxfp4_small_m_ring_kernel_vec_sum(compiled, name):
 def test_mxfp4_small_m_ring_kernel_contiguous_activations(compiled, stages):
     """Activation rows K apart (``X_CONTIGUOUS``, the usual case) give each thread's 4 rows one address plus constant
     offsets: at least 12 fewer loop instructions per K step at 16 tokens (4 runs x 64-bit address arithmetic), the same
-    copies, no spill; and a 3-slot ring of the 16-wide tile (8-16 K steps, ``triton_small_m.ring_stages``) leaves room for
-    4 programs per SM (228 KB of shared memory, 1 KB of it reserved per program)."""
+    copies, no spill; and a 3-slot ring of the 16-wide tile (8-16 K steps, ``triton_small_m.ring_stages``; the resident
+    scales grow with the steps) leaves room for 4 programs per SM (228 KB of shared memory, 1 KB of it reserved per
+    program)."""
     strided = _ok(compiled, f"small_m_ring_lanes_m16_resident_vec_sum{stages}")
     contiguous = _ok(compiled, f"small_m_ring_lanes_m16_resident_vec_sum_xc{stages}")
-    for case in (strided, contiguous):
+    longest = [_ok(compiled, "small_m_ring_lanes_m16_resident_vec_sum_xc_s3_steps16")] if stages else []
+    for case in (strided, contiguous, *longest):
         assert case["spill_bytes"] == 0 and case["registers"] <= 128, case
         assert 4 * (case["shared"] + 1024) <= 228 * 1024, case["shared"]
     fewer, before = _per_step(contiguous), _per_step(strided)
