@@ -69,7 +69,8 @@ def tests(session: nox.Session) -> None:
     install_core_stack(session)
     session.install(*pinned("pytest", "pytest-xdist", table=TOOLS))
     session.install("--no-deps", "-e", "packages/atom-kernels", "-e", "packages/atom-core")
-    args = session.posargs or ["-n", "2", "--durations=15"]
+    # loadgroup: tests marked with one xdist_group share a worker (and their module fixtures); others as `load`
+    args = session.posargs or ["-n", "2", "--dist", "loadgroup", "--durations=15"]
     for package in ("atom-kernels", "atom-core"):
         session.run("pytest", "-q", f"packages/{package}/tests", *args, env=env)
 

