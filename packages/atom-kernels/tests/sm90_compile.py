@@ -63,9 +63,11 @@ def report(compiled) -> dict:
     before_wait = collections.Counter(op for addr, op, _ in listing if wait is not None and addr < wait
                                       and addr not in never)
     res = {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", usage)}
+    named = collections.Counter(m.group(1) for m in re.finditer(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+), 0x80 ;", text))
     return {"shared": compiled.metadata.shared, "ptx_div_rn": "div.rn.f32" in compiled.asm["ptx"], "sass": dict(ops),
             "loop_sass": dict(loop_ops), "before_wait": dict(before_wait), "half_operands": half_operands,
-            "registers": res.get("REG"), "spill_bytes": res.get("STACK", 0) + res.get("LOCAL", 0)}
+            "registers": res.get("REG"), "spill_bytes": res.get("STACK", 0) + res.get("LOCAL", 0),
+            "warps": compiled.metadata.num_warps, "warpgroup_barriers": dict(named)}
 
 
 QUANT_ROWS_SIG = {"x_ptr": "*bf16", "x_stride": "i64", "q_ptr": "*fp8e4nv", "q_stride": "i64", "s_ptr": "*fp32",
@@ -188,7 +190,7 @@ def small_m_ring_cases():
         constexprs = dict(K=8192, K_SPLIT=256 * steps, SPLIT_K=32 // steps, HAS_BIAS=True, BLOCK_N=16 * warps, BLOCK_M=block_m,
                           BLOCK_K=256, STAGES=3 if "_s3" in name else 2, SHIFT=32, EVEN_N=True, LANES=lanes, PDL=True,
                           STATIC_WEIGHTS=static,
-                          RESIDENT_SCALES=resident, VEC_SUM=vec, X_CONTIGUOUS="_xc" in name)
+                          RESIDENT_SCALES=resident, VEC_SUM=vec, X_CONTIGUOUS="_xc" in name, PARTS=1)
         sig = dict(signature, **{name: "constexpr" for name in constexprs})
         names = list(sig)
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in
@@ -202,6 +204,24 @@ def small_m_ring_cases():
                                                                                    "maxnreg": MAX_REGISTERS})
 
         yield f"small_m_ring_{name}", build
+
+    # K parts (the 16-wide tile's default where the call is one wave): 4 warp-specialized warpgroups per program
+    parts = dict(K=8192, K_SPLIT=8192, SPLIT_K=1, HAS_BIAS=True, BLOCK_N=64, BLOCK_M=16, BLOCK_K=256, STAGES=2, SHIFT=32,
+                 EVEN_N=True, LANES=True, PDL=True, STATIC_WEIGHTS=True, RESIDENT_SCALES=True, VEC_SUM=True,
+                 X_CONTIGUOUS=True, PARTS=4)
+    parts_sig = dict(signature, **{name: "constexpr" for name in parts})
+    parts_names = list(parts_sig)
+    parts_attrs = {(parts_names.index(n),): [["tt.divisibility", 16]] for n in
+                   ("w_ptr", "s_ptr", "x_ptr", "out_ptr", "ws_ptr", "lock_ptr", "stride_xm", "stride_om", "N")}
+
+    def build_parts():
+        from triton.backends.compiler import GPUTarget
+
+        src = GluonASTSource(fn=_mxfp4_small_m_ring_kernel, signature=parts_sig, constexprs=parts, attrs=parts_attrs)
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": True,
+                                                                               "maxnreg": MAX_REGISTERS})
+
+    yield "small_m_ring_lanes_m16_parts", build_parts
 
 
 RMS_NORM_SIG = {"x_ptr": "*bf16", "x_stride": "i32", "res_ptr": "*bf16", "res_stride": "i32", "sum_ptr": "*bf16",

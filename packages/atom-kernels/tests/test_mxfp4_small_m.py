@@ -216,6 +216,11 @@ RING_CASES = [  # (m, n, k, config): bias for odd m; ragged N; 1, 2, 4 splits; 8
     (5, 300, 2048, {"num_warps": 8, "block_n": 128, "split_k": 2}),  # two warpgroups, ragged N
     (16, 256, 1024, {"num_warps": 8, "block_n": 256, "stages": 3, "split_k": 1}),  # two repeats per warpgroup
     (7, 128, 1024, {"pdl": False, "split_k": 2}),  # launched without programmatic dependent launch
+    # K parts (on "lanes" weights; the checkpoint order runs one warpgroup per program): ragged N with bias, 2 splits,
+    # the 8-wide tile, 2 K steps per part
+    (13, 1000, 8192, {"parts": 4}),
+    (16, 192, 4096, {"parts": 4, "split_k": 2}),
+    (4, 512, 2048, {"parts": 4, "split_k": 1}),
 ]
 
 
@@ -296,6 +301,9 @@ def test_ring_kernel_cuda_graph_capturable(rng):
     w, s = (t.cuda() for t in _weight(384, 2048, rng))
     bias = randn(384, dtype=torch.bfloat16, device="cuda", gen=rng)
     assert_graph_capturable(lambda: small.mxfp4_mm_small_m(x, w, s, bias, {"loads": "ring", "split_k": 4}), x)
+    lanes = formats.mxfp4_rows_to_lanes(w)
+    assert_graph_capturable(lambda: small.mxfp4_mm_small_m(x, lanes, s, bias, {"loads": "ring", "parts": 4},
+                                                           layout="lanes"), x)
 
 
 def test_resident_scales_fit():
@@ -312,8 +320,10 @@ def test_wide_tile_split_cap(monkeypatch):
     """Under split_k="auto" the ring kernel's 16-wide tile (9-16 tokens) takes at most ``WIDE_TILE_MAX_SPLIT`` splits
     where its partials are summed one column per thread (N % 16 != 0, or ``vec_sum`` off); with 16-byte partials
     (``vec_sum_applies``) it keeps the auto split (the H200 data in their comments).  The 8-wide tile, the
-    register-load kernel and an explicit split are left alone."""
+    register-load kernel and an explicit split are left alone.  (One warpgroup per program: K parts, which the 16-wide
+    tile takes by default where the call is one wave, are ``test_k_parts_plan``'s.)"""
     monkeypatch.setattr(small, "_num_sms", lambda index: 132)  # an H200's SMs, so "auto" picks what it picks there
+    monkeypatch.setitem(small.DEFAULT, "parts", 1)
     gpu = torch.device("cuda", 0)  # (only named: planning touches no GPU)
     assert small.vec_sum_applies(small.DEFAULT, 1024) and not small.vec_sum_applies(small.DEFAULT, 1000)
     assert not small.vec_sum_applies(dict(small.DEFAULT, vec_sum=False), 1024)
@@ -326,6 +336,36 @@ def test_wide_tile_split_cap(monkeypatch):
     assert small.plan(16, 8192, 8192, gpu)["split"] == 4  # "auto" under the cap: unchanged
     assert small.plan(16, 1000, 8192, gpu, {"loads": "registers"})["split"] == 16
     assert small.plan(16, 1000, 8192, gpu, {"split_k": 16})["split"] == 16
+
+
+def test_k_parts_plan(monkeypatch):
+    """K parts (4 warp-specialized warpgroups per program splitting its K range, sums added in shared memory) are the
+    16-wide tile's default on "lanes" weights where the call is one wave of one program per SM and each part has whole K
+    steps (>= 2) and its scales resident: then 2 ring slots (``K_PARTS_STAGES``) and no split-K sum where one program
+    takes the whole K.  Up to 8 tokens, on checkpoint-order weights, with more column tiles than SMs, or where the scales
+    do not fit, one warpgroup per program; an explicit ``parts`` is kept where it can run."""
+    monkeypatch.setattr(small, "_num_sms", lambda index: 132)
+    gpu = torch.device("cuda", 0)  # (only named: planning touches no GPU)
+
+    def plan(m, n, k, config=None, layout="lanes"):
+        p = small.plan(m, n, k, gpu, config, layout)
+        return p["parts"], p["split"], p["stages"]
+
+    assert small.DEFAULT["parts"] == "auto" and small.K_PARTS == 4
+    assert plan(16, 8192, 8192) == plan(9, 8192, 8192) == (4, 1, small.K_PARTS_STAGES)
+    assert plan(16, 1024, 16384) == (4, 8, 2) and plan(16, 4096, 8192) == (4, 2, 2)
+    assert plan(8, 8192, 8192) == (1, 4, 3) and plan(1, 8192, 8192) == (1, 4, 3)  # the 8-wide tile
+    assert plan(16, 8192, 8192, layout="rows")[0] == 1
+    assert plan(16, 28672, 8192)[0] == 1  # 448 column tiles: several waves
+    assert plan(16, 8192, 16384)[0] == 1  # a program's 16384 / 32 x 64 scale bytes are not resident
+    assert plan(16, 8192, 8192, {"parts": 1}) == (1, 4, 3)
+    assert plan(8, 8192, 8192, {"parts": 4}) == (4, 1, 2)  # explicit: also on the 8-wide tile
+    assert plan(16, 8192, 640, {"parts": 4})[0] == 1  # 3 K steps: not whole parts
+    p = small.plan(16, 8192, 8192, gpu)
+    assert small.ring_applies(p, 8192, 8192, 0, (9, 0)) and p["num_warps"] == 4
+    assert not small.ring_applies(dict(p, num_warps=8), 8192, 8192, 0, (9, 0))
+    assert not small.ring_applies(dict(p, parts=2), 8192, 8192, 0, (9, 0))
+    assert not small.ring_applies(dict(p, block_n=128), 8192, 8192, 0, (9, 0))
 
 
 def test_ring_stages():
@@ -370,17 +410,37 @@ def test_vec_sum_equals_column_sum(rng, m, n, k, config):
 
 
 @pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
+@pytest.mark.parametrize("m,n,k", [(16, 8192, 8192), (11, 1000, 2048), (3, 640, 4096)])
+def test_k_parts_equal_split_k(rng, m, n, k):
+    """One program of 4 K parts per column tile (their sums added in shared memory, in part order) gives bitwise the
+    outputs of 4 one-warpgroup programs splitting K the same way (their partials added through global memory, in split
+    order), with bias, ragged N and both MMA widths, and matches the reference."""
+    w, s = _weight(n, k, rng)
+    x = randn(m, k, gen=rng, dtype=torch.bfloat16)
+    bias = randn(n, gen=rng, dtype=torch.bfloat16)
+    ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
+    lanes, x, s, bias = formats.mxfp4_rows_to_lanes(w).cuda(), x.cuda(), s.cuda(), bias.cuda()
+    parts, split = {"loads": "ring", "parts": 4, "split_k": 1}, {"loads": "ring", "parts": 1, "split_k": 4}
+    assert small.plan(m, n, k, x.device, parts)["parts"] == 4 and small.ring_serves(x, n, parts)
+    outs = [small.mxfp4_mm_small_m(x, lanes, s, bias, config, layout="lanes", static_weights=True)
+            for config in (parts, split)]
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    assert_close(outs[0].cpu(), ref, x.dtype)
+
+
+@pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
 @pytest.mark.parametrize("static_weights", [False, True])
 @pytest.mark.parametrize("m,n,k,config", [(1, 8192, 8192, {}), (5, 1000, 4096, {}), (16, 640, 2048, {"split_k": 2}),
                                           (9, 2944, 16384, {}), (13, 384, 4096, {"num_warps": 8, "block_n": 128})])
 def test_resident_scales_equal_ring_slot_scales(rng, m, n, k, config, static_weights):
     """Weights in the "lanes" order with the scales resident (copied once per program) give bitwise the outputs of
-    the same kernel copying each step's scales into its ring slot."""
+    the same kernel copying each step's scales into its ring slot (one warpgroup per program: K parts read resident
+    scales only, ``test_k_parts_equal_split_k``)."""
     w, s = (t.cuda() for t in _weight(n, k, rng))
     lanes = formats.mxfp4_rows_to_lanes(w)
     x = randn(m, k, gen=rng, dtype=torch.bfloat16, device="cuda")
     bias = randn(n, gen=rng, dtype=torch.bfloat16, device="cuda")
-    config = dict(config, loads="ring")
+    config = dict(config, loads="ring", parts=1)
     assert small.ring_serves(x, n, config) and small.resident_scales_fit(small.plan(m, n, k, x.device, config))
     outs = [small.mxfp4_mm_small_m(x, lanes, s, bias, dict(config, resident_scales=resident), layout="lanes",
                                    static_weights=static_weights) for resident in (True, False)]

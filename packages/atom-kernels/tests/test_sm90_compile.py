@@ -138,6 +138,18 @@ def test_mxfp4_small_m_ring_kernel_compiles(compiled, name):
     assert not plain_loads, plain_loads  # (the split-K reduction's .cg partial loads read as STRONG.GPU)
 
 
+def test_mxfp4_small_m_ring_kernel_k_parts(compiled):
+    """K parts: the program is 16 warps, 4 warp-specialized warpgroups, each running its own ring on a quarter of the K
+    range with barriers of its own 128 threads (``bar.sync id, 128``: the warpgroups never wait for each other inside
+    the loop), within the register cap and shared memory; the only local-memory traffic is the workers' hand-off of
+    their arguments (56 bytes), outside the K loops."""
+    case = _ok(compiled, "small_m_ring_lanes_m16_parts")
+    assert case["warps"] == 16 and case["registers"] <= 128 and case["spill_bytes"] <= 64, case
+    assert any(op.startswith("USETMAXREG") for op in case["sass"]), sorted(case["sass"])  # warp specialization
+    assert len(case["warpgroup_barriers"]) >= 3 and min(case["warpgroup_barriers"].values()) >= 2, case
+    assert sum(n for op, n in case["sass"].items() if op.startswith("HGMMA")) >= 4 * 16, case["sass"]  # each part's MMAs
+
+
 def _lanes_decode_ops(loop: dict) -> tuple[int, int]:
     """(words decoded, integer instructions) per step of a loop decoding "lanes" words: 4 bf16x2 multiplies per word;
     masks, shifts and byte moves (the decode's 9 per word, plus the scale bytes' unpacking)."""

@@ -66,6 +66,17 @@ scales above, H200, back to back (``bench/results/2026-12-02T0025-h200/order-ab.
 N=K=8192 1 / 8 / 16 tokens 12.56 / 12.93 / 14.20 -> 11.84 / 12.28 / 13.93 us, N=28672 K=8192 39.5 / 40.1 / 45.0 ->
 36.2 / 37.3 / 44.5 us.  Checkpoint-order weights ("rows") spill 88 bytes at 16 tokens in this loop (18.4 -> 20.5 us;
 sm_90 serving repacks to "lanes").
+K parts (``PARTS`` = 4, ``p["parts"]``; the planner's default for the 16-wide tile where the call is one wave,
+``triton_small_m.K_PARTS``): a program is 4 warpgroups over the same 64 columns, each summing a quarter of the program's
+K range through a ring of its own, as warp-specialized partitions (``gl.warp_specialize``: every partition's barriers
+are its own 128 threads', so the warpgroups never wait for each other inside the loop); the 3 workers' sums meet the
+default partition's in shared memory (an mbarrier), added in part order, so the results are bitwise those of 4 splits.
+One such program per SM replaces the 4 split-K programs and their sum through global memory (~1.8 us of the
+16-token call's tail).  Their K loops take one step per iteration (2 slots picked at run time; the compiler then adds a
+barrier per step): unrolled, the 4 partitions' copies of the loop overflow the instruction cache.  Measured (H200,
+``bench/results/2026-12-02T1000-h200``): a 16-warp program whose warpgroups share the CTA's barrier runs in lockstep,
+16 tokens 13.8 -> 17.0 us; warp-specialized and unrolled, 13.6 (3 slots: 17.3, Nsight Compute "no instruction" stalls
+0.13 -> 3.0 / 5.7 warps per issue); rolled, 13.15 (after RMSNorm 14.81 -> 13.59).
 Registers are capped at 128 (``MAX_REGISTERS``) so that 4 programs of one warpgroup fit on an SM.  Split-K partials
 go through the fp32 workspace; where N % 16 == 0 (``VEC_SUM``, ``triton_small_m.vec_sum_applies``) 4 columns (16
 bytes) per thread and the last program's sum over splits unrolled, which keeps 16-32 splits cheap at 16 tokens.
@@ -86,7 +97,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import async_copy, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, mbarrier, warpgroup_mma
 
 from atom_kernels.ops._pdl import launch_options
 from atom_kernels.ops.mxfp4_mm.triton_small_m import (  # word -> 4 bf16x2 (checkpoint / "lanes" bits)
@@ -101,6 +112,7 @@ from atom_kernels.ops.mxfp4_mm.triton_small_m import (  # word -> 4 bf16x2 (chec
 )
 
 MAX_REGISTERS = 128  # per thread: 4 programs of 4 warps per SM (uncapped, 16 tokens took 164: 3 programs)
+PART_REGISTERS = gl.constexpr(MAX_REGISTERS)  # per thread of each K-part worker partition
 RUN_WORDS = gl.constexpr(16)  # words of one 128-element block (4 threads x 4 words)
 
 
@@ -260,6 +272,15 @@ def _issue_ahead(step, w_next, s_next, x_next, w_ptr, s_ptr, x_ptr, w_off, s_off
 
 
 @gluon.jit
+def _slot(j: gl.constexpr, a, b, c, ROLLED: gl.constexpr):
+    """Ring slot ``j`` (a compile-time index): of one stacked buffer ``a`` (``ROLLED``), else ``_pick``."""
+    if ROLLED:
+        return a.index(j)
+    else:
+        return _pick(j, a, b, c)
+
+
+@gluon.jit
 def _pick(j: gl.constexpr, a, b, c):
     """Ring slot ``j``'s buffer out of its three (separate allocations: see ``_ring_step``); ``j = -1``: the last slot
     (``c`` is ``b`` in a ring of 2)."""
@@ -324,45 +345,46 @@ def _ring_round(acc, i, w0, w1, w2, s0, s1, s2, x0, x1, x2, s_res, w_ptr, s_ptr,
     return acc
 
 
+@gluon.constexpr_function
+def _ring_layouts(warps, block_m, lanes, vec_sum):
+    """The kernel's register layouts for ``warps`` warps (one or two warpgroups): a dict of ``WORDS`` (words as the MMA
+    operand holds the rows, 4 words per thread), ``SCALE_COPY`` / ``SCALE_READ`` (scales copied 4 bytes per thread, read one
+    byte per thread), ``ACT`` (activations 2 values per thread, 8 with ``lanes``), ``SCALE_LANES``, ``OUT`` (the
+    epilogue), ``MMA`` and ``A_OPERAND``.  Warpgroup g of WG owns the 64-row repeats a = g (mod WG): warp w + 4 g, as the
+    MMA layout orders them."""
+    wg = warps // 4
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * wg, 1], instr_shape=[16, block_m, 16])
+    return dict(
+        WORDS=gl.BlockedLayout([1, 1, 1, 1, 1, 4], [8, 1, 1, 1, 1, 4], [1, 4, 1, 1, wg, 1], [5, 0, 1, 2, 3, 4]),
+        SCALE_COPY=gl.BlockedLayout([4, 1, 1, 1, 1, 1], [1, 8, 1, 2, 2, 1], [1, 1, 4, 1, 1, wg], [0, 1, 2, 3, 4, 5]),
+        SCALE_READ=gl.BlockedLayout([1, 1, 1, 1, 1, 1], [4, 8, 1, 1, 1, 1], [1, 1, 4, 1, 1, wg], [0, 1, 2, 3, 4, 5]),
+        # lanes: natural K order, 16-byte runs (8 values) per thread, one row per warp (covers [4 WG, 256]); else
+        # covers [WG, 256]: no copy twice
+        ACT=(gl.BlockedLayout([1, 8], [1, 32], [4 * wg, 1], [1, 0]) if lanes
+             else gl.BlockedLayout([1, 2], [1, 32], [wg, 4], [1, 0])),
+        SCALE_LANES=(gl.BlockedLayout([4, 1, 1, 1, 1, 1, 1], [1, 8, 1, 1, 1, 1, 4], [1, 1, 4, 1, 1, wg, 1],
+                                      [6, 1, 0, 2, 3, 4, 5]) if lanes else None),
+        # vec_sum: 4 adjacent columns per thread, 16-byte partials (N % 16 == 0 keeps every row aligned)
+        OUT=(gl.BlockedLayout([1, 4], [8, 4], [1, 4 * wg], [1, 0]) if vec_sum
+             else gl.BlockedLayout([1, 1], [2, 16], [wg, 4], [1, 0])),
+        MMA=mma,
+        A_OPERAND=gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
+    )
+
+
+@gluon.constexpr_function
+def _layout(layouts, name):
+    return layouts[name]
+
+
 @gluon.jit
-def _mxfp4_small_m_ring_kernel(
-    w_ptr, s_ptr, x_ptr, out_ptr, ws_ptr, lock_ptr, bias_ptr,
-    N, M, stride_xm, stride_om,
-    K: gl.constexpr, K_SPLIT: gl.constexpr, SPLIT_K: gl.constexpr, HAS_BIAS: gl.constexpr,
-    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-    SHIFT: gl.constexpr, EVEN_N: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr = False,
-    STATIC_WEIGHTS: gl.constexpr = False, RESIDENT_SCALES: gl.constexpr = False, VEC_SUM: gl.constexpr = False,
-    X_CONTIGUOUS: gl.constexpr = False,
-):
+def _ring_slots(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                STEPS: gl.constexpr, RESIDENT: gl.constexpr):
+    """The ring: 2 or 3 slots, each its own weight, scale and activation buffers (see ``_ring_step``), and with
+    ``RESIDENT`` the program's whole scale slice as 32-bit words (4 groups each), ``[step, row, word]``, copied once:
+    ``(w0, w1, w2, s0, s1, s2, x0, x1, x2, s_res)`` (a ring of 2 repeats its last slot)."""
     R: gl.constexpr = BLOCK_N // 64
     NB: gl.constexpr = BLOCK_K // 128
-    STEPS: gl.constexpr = K_SPLIT // BLOCK_K
-    RESIDENT: gl.constexpr = RESIDENT_SCALES and LANES  # the program's scales copied once, 8-byte runs
-    # Register layouts: words as the MMA operand holds the rows, 4 words per thread; scales copied 4 bytes per
-    # thread and read one byte per thread; activations 2 values per thread; the MMA and its A operand.
-    # Warpgroup g of WG owns the 64-row repeats a = g (mod WG): warp w + 4 g, as the MMA layout orders them.
-    WG: gl.constexpr = gl.num_warps() // 4
-    WORDS: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1, 4], [8, 1, 1, 1, 1, 4], [1, 4, 1, 1, WG, 1], [5, 0, 1, 2, 3, 4])
-    SCALE_COPY: gl.constexpr = gl.BlockedLayout([4, 1, 1, 1, 1, 1], [1, 8, 1, 2, 2, 1], [1, 1, 4, 1, 1, WG],
-                                                [0, 1, 2, 3, 4, 5])
-    SCALE_READ: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1, 1], [4, 8, 1, 1, 1, 1], [1, 1, 4, 1, 1, WG],
-                                                [0, 1, 2, 3, 4, 5])
-    if LANES:  # natural K order: 16-byte runs (8 values) per thread, one row per warp
-        ACT: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4 * WG, 1], [1, 0])  # covers [4 WG, 256]
-        SCALE_LANES: gl.constexpr = gl.BlockedLayout([4, 1, 1, 1, 1, 1, 1], [1, 8, 1, 1, 1, 1, 4],
-                                                     [1, 1, 4, 1, 1, WG, 1], [6, 1, 0, 2, 3, 4, 5])
-    else:
-        ACT: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WG, 4], [1, 0])  # covers [WG, 256]: no copy twice
-        SCALE_LANES: gl.constexpr = None
-    if VEC_SUM:  # 4 adjacent columns per thread: 16-byte partials (N % 16 == 0 keeps every row aligned)
-        OUT: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, 4 * WG], [1, 0])
-    else:
-        OUT: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [WG, 4], [1, 0])
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG, 1],
-                                                  instr_shape=[16, BLOCK_M, 16])
-    A_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-
-    # The ring: 2 or 3 slots, each its own weight, scale and activation buffers (see _ring_step).
     gl.static_assert(STAGES == 2 or STAGES == 3, "the ring has 2 or 3 slots")
     W_SLOT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 0, 1, 2, 3, 4])
     S_SLOT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0, 1, 2, 3, 4, 5])
@@ -377,8 +399,7 @@ def _mxfp4_small_m_ring_kernel(
     else:
         w2 = w1
         x2 = x1
-    if RESIDENT:  # the program's whole scale slice as 32-bit words (4 groups each), [step, row, word], copied once
-        SCALE_FILL: gl.constexpr = _scale_fill_layout(BLOCK_N, WG, NB)
+    if RESIDENT:
         s_res = gl.allocate_shared_memory(gl.int32, [STEPS, BLOCK_N, NB], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         s0 = s_res
         s1 = s_res
@@ -391,11 +412,57 @@ def _mxfp4_small_m_ring_kernel(
         else:
             s2 = s1
         s_res = s0
+    return w0, w1, w2, s0, s1, s2, x0, x1, x2, s_res
 
+
+@gluon.jit
+def _ring_slots_stacked(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                        STEPS: gl.constexpr):
+    """The ring of one K part: every slot in one buffer per kind, indexed at run time, as ``_ring_slots`` returns them
+    (``(w, w, w, s, s, s, x, x, x, s)``; resident scales)."""
+    R: gl.constexpr = BLOCK_N // 64
+    NB: gl.constexpr = BLOCK_K // 128
+    w_all = gl.allocate_shared_memory(gl.int32, [STAGES, 8, 4, 2, NB, R, RUN_WORDS],
+                                      gl.SwizzledSharedLayout(1, 1, 1, [5, 0, 1, 2, 3, 4]))
+    x_all = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K],
+                                      gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+    s_all = gl.allocate_shared_memory(gl.int32, [STEPS, BLOCK_N, NB], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    return w_all, w_all, w_all, s_all, s_all, s_all, x_all, x_all, x_all, s_all
+
+
+@gluon.jit
+def _ring_accumulate(part: gl.constexpr, slots, w_ptr, s_ptr, x_ptr, N, M, stride_xm,
+                     K: gl.constexpr, K_PART: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SHIFT: gl.constexpr, EVEN_N: gl.constexpr,
+                     LANES: gl.constexpr, PDL: gl.constexpr, STATIC_WEIGHTS: gl.constexpr, RESIDENT: gl.constexpr,
+                     VEC_SUM: gl.constexpr, X_CONTIGUOUS: gl.constexpr, PARTS: gl.constexpr):
+    """This program's sum ``acc [BLOCK_N, BLOCK_M]`` (fp32, ``* 2**-SHIFT``, MMA layout) over part ``part`` of its K range
+    (``K_PART`` wide), through the ring ``slots`` (``_ring_slots``; with K parts ``_ring_slots_stacked``)."""
+    ROLLED: gl.constexpr = PARTS > 1  # one step per loop iteration (see _mxfp4_small_m_ring_kernel)
+    R: gl.constexpr = BLOCK_N // 64
+    NB: gl.constexpr = BLOCK_K // 128
+    STEPS: gl.constexpr = K_PART // BLOCK_K
+    WG: gl.constexpr = gl.num_warps() // 4
+    LAYOUTS: gl.constexpr = _ring_layouts(gl.num_warps(), BLOCK_M, LANES, VEC_SUM)
+    WORDS: gl.constexpr = _layout(LAYOUTS, "WORDS")
+    SCALE_COPY: gl.constexpr = _layout(LAYOUTS, "SCALE_COPY")
+    SCALE_READ: gl.constexpr = _layout(LAYOUTS, "SCALE_READ")
+    ACT: gl.constexpr = _layout(LAYOUTS, "ACT")
+    SCALE_LANES: gl.constexpr = _layout(LAYOUTS, "SCALE_LANES")
+    MMA: gl.constexpr = _layout(LAYOUTS, "MMA")
+    A_OPERAND: gl.constexpr = _layout(LAYOUTS, "A_OPERAND")
+    w0 = slots[0]
+    w1 = slots[1]
+    w2 = slots[2]
+    s0 = slots[3]
+    s1 = slots[4]
+    s2 = slots[5]
+    x0 = slots[6]
+    x1 = slots[7]
+    x2 = slots[8]
+    s_res = slots[9]
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
-    if PDL:  # the next kernel on the stream may launch now; it waits for this one's results (its own wait below)
-        _asm_statement("griddepcontrol.launch_dependents;")
     # weight word offsets [8, 4, 2, NB, R, 16]: row l + 16 w + 8 r + 64 a, word 16 b + j of the step
     rows = (pid_n * BLOCK_N + _axis(8, 0, 6, WORDS) + 16 * _axis(4, 1, 6, WORDS) + 8 * _axis(2, 2, 6, WORDS)
             + 64 * _axis(R, 4, 6, WORDS))
@@ -426,8 +493,9 @@ def _mxfp4_small_m_ring_kernel(
     else:
         x_off = gl.minimum(rows_x, M - 1)[:, None] * stride_xm + kn[None, :]  # int32: at most 16 rows
 
-    k_start = pid_k * K_SPLIT
+    k_start = pid_k * (K_PART * PARTS) + part * K_PART
     if RESIDENT:  # [step, row, word] offsets (32-bit words) of the program's whole scale slice: NB words per row and step
+        SCALE_FILL: gl.constexpr = _scale_fill_layout(BLOCK_N, WG, NB)
         s_words_ptr = s_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # K % 128 == 0: rows of whole words
         f_rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALE_FILL))
         if not EVEN_N:
@@ -438,7 +506,7 @@ def _mxfp4_small_m_ring_kernel(
     if PDL and STATIC_WEIGHTS:  # the caller says no recent kernel writes the weights: copy them before the wait
         for s in gl.static_range(STAGES - 1):
             if s < STEPS:
-                _issue_weight_copies(_pick(s, w0, w1, w2), _pick(s, s0, s1, s2), w_ptr, s_ptr, w_off, s_off,
+                _issue_weight_copies(_slot(s, w0, w1, w2, ROLLED), _pick(s, s0, s1, s2), w_ptr, s_ptr, w_off, s_off,
                                      k_start + s * BLOCK_K, not RESIDENT)
     if PDL:
         _asm_statement("griddepcontrol.wait;")  # the previous kernel's results (x, locks, ...) are visible now
@@ -447,28 +515,119 @@ def _mxfp4_small_m_ring_kernel(
     for s in gl.static_range(STAGES - 1):
         if s < STEPS:
             if PDL and STATIC_WEIGHTS:
-                async_copy.async_copy_global_to_shared(_pick(s, x0, x1, x2), x_ptr + (x_off + k_start + s * BLOCK_K),
-                                                       mask=x_mask)
+                async_copy.async_copy_global_to_shared(_slot(s, x0, x1, x2, ROLLED),
+                                                       x_ptr + (x_off + k_start + s * BLOCK_K), mask=x_mask)
             else:
-                _issue_copies(_pick(s, w0, w1, w2), _pick(s, s0, s1, s2), _pick(s, x0, x1, x2), w_ptr, s_ptr, x_ptr,
-                              w_off, s_off, x_off, x_mask, k_start + s * BLOCK_K, not RESIDENT)
+                _issue_copies(_slot(s, w0, w1, w2, ROLLED), _pick(s, s0, s1, s2), _slot(s, x0, x1, x2, ROLLED), w_ptr,
+                              s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k_start + s * BLOCK_K, not RESIDENT)
         async_copy.commit_group()
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=MMA)
-    # Unrolled by the ring depth so that every slot index is a constant: the compiler then sees that a step's copies
-    # (into the slot of step + STAGES - 1) and its reads (its own slot) touch different memory and adds no barrier
-    # between them; the one barrier per step below is the ring's.
-    ROUNDS: gl.constexpr = (STEPS + STAGES - 1) // STAGES
-    if ROUNDS == 1:  # (Triton 3.6 fails to compile a loop of one round, and a round at a constant index)
-        acc = _ring_round(acc, _opaque_zero(), w0, w1, w2, s0, s1, s2, x0, x1, x2, s_res, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off,
-                          x_mask, k_start, STEPS, STAGES, BLOCK_N, BLOCK_K, SHIFT, LANES, RESIDENT, WORDS, SCALE_LANES,
-                          SCALE_READ, A_OPERAND)
+    if ROLLED:  # one step per iteration, slots picked at run time (the compiler adds a barrier per step)
+        for step in range(STEPS):
+            slot = step % STAGES
+            nxt = (step + STAGES - 1) % STAGES
+            acc = _ring_step(acc, step, w0.index(slot), s_res, x0.index(slot), w0.index(nxt), s_res, x0.index(nxt), s_res,
+                             w_ptr, s_ptr, x_ptr, w_off, s_off, x_off, x_mask, k_start, STEPS, STAGES, BLOCK_N, BLOCK_K,
+                             SHIFT, LANES, RESIDENT, WORDS, SCALE_LANES, SCALE_READ, A_OPERAND)
     else:
-        for i in range(ROUNDS):
-            acc = _ring_round(acc, i, w0, w1, w2, s0, s1, s2, x0, x1, x2, s_res, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off,
-                              x_mask, k_start, STEPS, STAGES, BLOCK_N, BLOCK_K, SHIFT, LANES, RESIDENT, WORDS, SCALE_LANES,
-                              SCALE_READ, A_OPERAND)
+        # Unrolled by the ring depth so that every slot index is a constant: the compiler then sees that a step's copies
+        # (into the slot of step + STAGES - 1) and its reads (its own slot) touch different memory and adds no barrier
+        # between them; the one barrier per step below is the ring's.
+        ROUNDS: gl.constexpr = (STEPS + STAGES - 1) // STAGES
+        if ROUNDS == 1:  # (Triton 3.6 fails to compile a loop of one round, and a round at a constant index)
+            acc = _ring_round(acc, _opaque_zero(), w0, w1, w2, s0, s1, s2, x0, x1, x2, s_res, w_ptr, s_ptr, x_ptr, w_off,
+                              s_off, x_off, x_mask, k_start, STEPS, STAGES, BLOCK_N, BLOCK_K, SHIFT, LANES, RESIDENT, WORDS,
+                              SCALE_LANES, SCALE_READ, A_OPERAND)
+        else:
+            for i in range(ROUNDS):
+                acc = _ring_round(acc, i, w0, w1, w2, s0, s1, s2, x0, x1, x2, s_res, w_ptr, s_ptr, x_ptr, w_off, s_off, x_off,
+                                  x_mask, k_start, STEPS, STAGES, BLOCK_N, BLOCK_K, SHIFT, LANES, RESIDENT, WORDS, SCALE_LANES,
+                                  SCALE_READ, A_OPERAND)
     async_copy.wait_group(0)
+    return acc
+
+
+@gluon.jit
+def _ring_part_first(slots, w_ptr, s_ptr, x_ptr, N, M, stride_xm, K: gl.constexpr, K_PART: gl.constexpr,
+                     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                     SHIFT: gl.constexpr, EVEN_N: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr,
+                     STATIC_WEIGHTS: gl.constexpr, RESIDENT: gl.constexpr, VEC_SUM: gl.constexpr,
+                     X_CONTIGUOUS: gl.constexpr, PARTS: gl.constexpr):
+    """The default partition of K parts: part 0's sum, returned."""
+    return (_ring_accumulate(0, slots, w_ptr, s_ptr, x_ptr, N, M, stride_xm, K, K_PART, BLOCK_N, BLOCK_M, BLOCK_K,
+                             STAGES, SHIFT, EVEN_N, LANES, PDL, STATIC_WEIGHTS, RESIDENT, VEC_SUM, X_CONTIGUOUS, PARTS),)
+
+
+@gluon.jit
+def _ring_part(part: gl.constexpr, slots, sums, done, w_ptr, s_ptr, x_ptr, N, M, stride_xm, K: gl.constexpr,
+               K_PART: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
+               STAGES: gl.constexpr, SHIFT: gl.constexpr, EVEN_N: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr,
+               STATIC_WEIGHTS: gl.constexpr, RESIDENT: gl.constexpr, VEC_SUM: gl.constexpr, X_CONTIGUOUS: gl.constexpr,
+               PARTS: gl.constexpr):
+    """A worker partition of K parts: part ``part``'s sum into ``sums[part - 1]``, then one arrival on ``done``."""
+    acc = _ring_accumulate(part, slots, w_ptr, s_ptr, x_ptr, N, M, stride_xm, K, K_PART, BLOCK_N, BLOCK_M, BLOCK_K,
+                           STAGES, SHIFT, EVEN_N, LANES, PDL, STATIC_WEIGHTS, RESIDENT, VEC_SUM, X_CONTIGUOUS, PARTS)
+    sums.index(part - 1).store(acc)
+    gl.thread_barrier()  # the partition's stores are done before its (single) arrival
+    mbarrier.arrive(done)
+
+
+@gluon.jit
+def _mxfp4_small_m_ring_kernel(
+    w_ptr, s_ptr, x_ptr, out_ptr, ws_ptr, lock_ptr, bias_ptr,
+    N, M, stride_xm, stride_om,
+    K: gl.constexpr, K_SPLIT: gl.constexpr, SPLIT_K: gl.constexpr, HAS_BIAS: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+    SHIFT: gl.constexpr, EVEN_N: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr = False,
+    STATIC_WEIGHTS: gl.constexpr = False, RESIDENT_SCALES: gl.constexpr = False, VEC_SUM: gl.constexpr = False,
+    X_CONTIGUOUS: gl.constexpr = False, PARTS: gl.constexpr = 1,
+):
+    K_PART: gl.constexpr = K_SPLIT // PARTS
+    STEPS: gl.constexpr = K_PART // BLOCK_K
+    RESIDENT: gl.constexpr = RESIDENT_SCALES and LANES  # the program's scales copied once, 8-byte runs
+    LAYOUTS: gl.constexpr = _ring_layouts(gl.num_warps(), BLOCK_M, LANES, VEC_SUM)
+    OUT: gl.constexpr = _layout(LAYOUTS, "OUT")
+    MMA: gl.constexpr = _layout(LAYOUTS, "MMA")
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    if PDL:  # the next kernel on the stream may launch now; it waits for this one's results (its own wait below)
+        _asm_statement("griddepcontrol.launch_dependents;")
+    if PARTS == 1:
+        acc = _ring_accumulate(0, _ring_slots(BLOCK_N, BLOCK_M, BLOCK_K, STAGES, STEPS, RESIDENT), w_ptr, s_ptr, x_ptr,
+                               N, M, stride_xm, K, K_PART, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, SHIFT, EVEN_N, LANES, PDL,
+                               STATIC_WEIGHTS, RESIDENT, VEC_SUM, X_CONTIGUOUS, PARTS)
+    else:
+        # K parts: PARTS warpgroups split the program's K range (warp specialization: the default partition takes
+        # part 0, workers 1.. the rest, each with its own ring and barriers); the workers' sums meet in shared memory
+        # and are added in part order, as split-K partials are.
+        gl.static_assert(PARTS == 4 and gl.num_warps() == 4, "K parts: 4 parts of one warpgroup each")
+        slots0 = _ring_slots_stacked(BLOCK_N, BLOCK_M, BLOCK_K, STAGES, STEPS)
+        slots1 = _ring_slots_stacked(BLOCK_N, BLOCK_M, BLOCK_K, STAGES, STEPS)
+        slots2 = _ring_slots_stacked(BLOCK_N, BLOCK_M, BLOCK_K, STAGES, STEPS)
+        slots3 = _ring_slots_stacked(BLOCK_N, BLOCK_M, BLOCK_K, STAGES, STEPS)
+        sums = gl.allocate_shared_memory(gl.float32, [PARTS - 1, BLOCK_N, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(done, count=PARTS - 1)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc, = gl.warp_specialize(
+            [(_ring_part_first, (slots0, w_ptr, s_ptr, x_ptr, N, M, stride_xm, K, K_PART, BLOCK_N, BLOCK_M,
+                                 BLOCK_K, STAGES, SHIFT, EVEN_N, LANES, PDL, STATIC_WEIGHTS, RESIDENT, VEC_SUM, X_CONTIGUOUS,
+                                 PARTS)),
+             (_ring_part, (1, slots1, sums, done, w_ptr, s_ptr, x_ptr, N, M, stride_xm, K, K_PART, BLOCK_N, BLOCK_M,
+                                 BLOCK_K, STAGES, SHIFT, EVEN_N, LANES, PDL, STATIC_WEIGHTS, RESIDENT, VEC_SUM, X_CONTIGUOUS,
+                                 PARTS)),
+             (_ring_part, (2, slots2, sums, done, w_ptr, s_ptr, x_ptr, N, M, stride_xm, K, K_PART, BLOCK_N, BLOCK_M,
+                                 BLOCK_K, STAGES, SHIFT, EVEN_N, LANES, PDL, STATIC_WEIGHTS, RESIDENT, VEC_SUM, X_CONTIGUOUS,
+                                 PARTS)),
+             (_ring_part, (3, slots3, sums, done, w_ptr, s_ptr, x_ptr, N, M, stride_xm, K, K_PART, BLOCK_N, BLOCK_M,
+                                 BLOCK_K, STAGES, SHIFT, EVEN_N, LANES, PDL, STATIC_WEIGHTS, RESIDENT, VEC_SUM, X_CONTIGUOUS,
+                                 PARTS))],
+            [4, 4, 4], [PART_REGISTERS, PART_REGISTERS, PART_REGISTERS])
+        mbarrier.wait(done, 0)
+        for g in gl.static_range(PARTS - 1):
+            acc += sums.index(g).load(MMA)
 
     acc = gl.convert_layout(gl.permute(acc, (1, 0)), OUT) * (2.0 ** SHIFT)
     offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, OUT))
@@ -516,7 +675,7 @@ def launch_ring(x, w, w_scale, out, workspace, locks, bias, p: dict, shift: int,
         K=k, K_SPLIT=p["k_split"], SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=p["block_n"], BLOCK_M=block_m,
         BLOCK_K=p["block_k"], STAGES=p["stages"], SHIFT=shift, EVEN_N=n % p["block_n"] == 0, LANES=lanes,
         PDL=p["pdl"], STATIC_WEIGHTS=static_weights, RESIDENT_SCALES=lanes and resident_scales_fit(p),
-        VEC_SUM=vec_sum_applies(p, n), X_CONTIGUOUS=x.stride(0) == k,
+        VEC_SUM=vec_sum_applies(p, n), X_CONTIGUOUS=x.stride(0) == k, PARTS=p.get("parts", 1),
         num_warps=p["num_warps"], maxnreg=MAX_REGISTERS, **launch_options(p["pdl"]),
     )
 

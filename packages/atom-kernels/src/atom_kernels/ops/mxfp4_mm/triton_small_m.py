@@ -155,6 +155,18 @@ DEEP_RING = dict(stages=3, max_tile_tokens=8, min_steps=8, max_wide_steps=16)
 # at K=8192, K <= 4096) it was the fastest or within 0.1 us.  The 8-wide tile keeps "auto" (N=1024, 8 tokens:
 # 16 splits 5.3 us, 8 splits 5.9).
 WIDE_TILE_MAX_SPLIT = 8
+# K parts (``gluon_small_m``, 9-16 tokens, "lanes" weights, where one CTA per SM covers the call in one wave): each
+# program is 4 warpgroups that split its K range (warp specialization, each with its own ring and barriers) and add their
+# sums in shared memory, so the split-K sum through global memory (partials, fence, arrival atomic, the last program's
+# loads: ~1.8 us of the 16-token call's tail) goes.  Their K loops take one step per iteration (2 ring slots picked at
+# run time): unrolled, 4 copies of the loop overflow the SM's instruction cache (Nsight Compute: stalled on "no
+# instruction" 0.13 -> 3.0 warps per issue with 2 slots, 5.7 with 3).  H200, bitwise the results of split-K 4
+# (``bench/results/2026-12-02T1000-h200/parts-study.json``), 16 tokens back to back / after RMSNorm: N=K=8192 13.83 /
+# 14.81 -> 13.15 / 13.59 us, N=1024 K=16384 7.22 / 7.97 -> 6.18 / 6.69, N=2048 K=8192 6.16 / 7.39 -> 5.90 / 6.95,
+# N=4096 K=8192 8.72 / 9.84 -> 8.96 / 9.58; at 1 / 8 tokens N=K=8192 back to back +0.3 / +0.5 us (after RMSNorm -0.5),
+# so the 8-wide tile keeps one warpgroup per program; with more tiles than SMs (N=28672) slower (several waves).
+K_PARTS = 4
+K_PARTS_STAGES = 2
 # Split-K sum (``vec_sum``, default on, where ``vec_sum_applies``: N % 16 == 0): partials stored and summed 4 columns
 # (16 bytes) per thread, the sum over splits unrolled so every split's load is in flight at once; bitwise the same
 # results.  What made many splits slow with 16 rows: H200, 16 tokens (``bench/results/2026-12-01T1830-h200/
@@ -166,7 +178,7 @@ WIDE_TILE_MAX_SPLIT = 8
 VEC_SUM_ALIGN = 16  # output features: N % 16 == 0 keeps every row of partials 16-byte aligned (N is specialized on 16)
 DEFAULT: dict = dict(mma="wgmma", block_n=64, block_k=256, split_k="auto", waves=4, reduce="in_kernel", num_warps=4,
                      num_stages=1, loads="ring", stages="auto", narrow_m=True, pdl=True, resident_scales=True,
-                     vec_sum=True)
+                     vec_sum=True, parts="auto")
 SWEEP: list[dict] = [
     dict(),
     dict(narrow_m=False),
@@ -175,6 +187,7 @@ SWEEP: list[dict] = [
     dict(pdl=False),  # the ring kernel without programmatic dependent launch
     dict(resident_scales=False),  # the ring kernel copying each step's scale bytes into its ring slot
     dict(vec_sum=False),  # split-K partials one column per thread (and at most 8 splits at 9-16 tokens)
+    dict(parts=1),  # the ring kernel without K parts (one warpgroup per program; the default up to 8 tokens)
     dict(num_warps=8, block_n=128, waves=2),  # two warpgroups share the activation slots
     dict(loads="registers"),  # the register-load kernel (the default before the ring, and on other GPUs)
     dict(loads="registers", num_stages=3),
@@ -502,10 +515,13 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _sm_count(device: torch.device) -> int:
+    return _num_sms(device.index or 0) if device.type == "cuda" else 8
+
+
 def pick_split(tiles: int, k_iters: int, device: torch.device, waves: int) -> int:
     """About ``waves`` programs per SM (any count, not only powers of two), each with >= 2 K steps."""
-    sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
-    return max(1, min(waves * sms // max(tiles, 1), k_iters // 2))
+    return max(1, min(waves * _sm_count(device) // max(tiles, 1), k_iters // 2))
 
 
 _LOCKS: dict[tuple, torch.Tensor] = {}
@@ -544,10 +560,14 @@ def ring_applies(p: dict, k: int, x_stride: int, x_address: int, capability: tup
     ring) serves a call planned as ``p``: asked for (``loads="ring"``), on an sm_90 GPU (``capability``; None
     off the GPU or in the interpreter), the in-kernel split-K reduction, K a multiple of 128 with whole K steps
     per split (at least 2: Triton 3.6 fails to compile the one-step loop), 256-multiple K steps
-    in the warpgroup-MMA arrangement with one or two warpgroups over whole 64-row repeats, and activations that
-    allow 4-byte copies."""
-    return (p["loads"] == "ring" and capability is not None and capability[0] == 9 and p["mma"] == "wgmma"
-            and p["num_warps"] in (4, 8) and p["block_n"] % (16 * p["num_warps"]) == 0
+    in the warpgroup-MMA arrangement with one or two warpgroups over whole 64-row repeats (or, with K parts, 4
+    warp-specialized warpgroups over 64 columns with whole K steps, at least 2, per part), and activations that allow
+    4-byte copies."""
+    parts = p.get("parts", 1)
+    warps_fit = (p["num_warps"] in (4, 8) and p["block_n"] % (16 * p["num_warps"]) == 0 if parts == 1 else
+                 parts == K_PARTS and p["num_warps"] == 4 and p["block_n"] == 64
+                 and p["k_split"] % (parts * p["block_k"]) == 0 and p["k_split"] >= 2 * parts * p["block_k"])
+    return (p["loads"] == "ring" and capability is not None and capability[0] == 9 and p["mma"] == "wgmma" and warps_fit
             and p["reduce"] == "in_kernel" and p["stages"] in RING_SLOTS and k % 128 == 0 and p["block_k"] % 256 == 0
             and p["k_split"] * p["split"] == k and p["k_split"] >= 2 * p["block_k"]
             and x_stride % 2 == 0 and x_address % 4 == 0)
@@ -572,21 +592,31 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     tiles = triton.cdiv(n, cfg["block_n"])
     k_iters = triton.cdiv(k, block_k)
     tile_tokens = ring_tile_tokens(m, cfg)
+    parts = K_PARTS if cfg["parts"] == "auto" and tile_tokens > 8 else 1 if cfg["parts"] == "auto" else cfg["parts"]
+    if not (cfg["loads"] == "ring" and layout == "lanes" and cfg.get("resident_scales") and cfg["block_n"] == 64
+            and cfg["num_warps"] == 4 and k_iters % parts == 0 and k_iters // parts >= 2):
+        parts = 1
     split = cfg["split_k"]
     if split == "auto":
-        split = pick_split(tiles, k_iters, device, cfg["waves"])
+        split = pick_split(tiles * parts, k_iters // parts, device, cfg["waves"])
         if cfg["loads"] == "ring" and tile_tokens > 8 and not vec_sum_applies(cfg, n):
             split = min(split, WIDE_TILE_MAX_SPLIT)
     split = max(1, min(int(split), k_iters))
-    if cfg["loads"] == "ring":
-        while k_iters % split:  # the ring kernel takes whole K steps per split
+    if cfg["loads"] == "ring":  # the ring kernel takes whole K steps per split (and, under "auto", per part)
+        while split > 1 and k_iters % (split * (parts if cfg["split_k"] == "auto" else 1)):
             split -= 1
     k_split = triton.cdiv(k_iters, split) * block_k
     split = triton.cdiv(k, k_split)
+    part_steps = k_split // block_k // parts
+    if parts > 1 and (part_steps * parts * block_k != k_split or part_steps < 2  # whole K steps, >= 2 per part
+                      or not resident_scales_fit(dict(cfg, k_split=k_split))  # K parts read resident scales only
+                      or cfg["parts"] == "auto" and tiles * split > _sm_count(device)):  # and (auto) take one wave
+        return plan(m, n, k, device, dict(cfg, parts=1), layout)
     stages = cfg["stages"]
     if stages == "auto":
-        stages = ring_stages(tile_tokens, k_split // block_k, lanes=layout == "lanes")
-    return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg), stages=stages)
+        stages = K_PARTS_STAGES if parts > 1 else ring_stages(tile_tokens, k_split // block_k, lanes=layout == "lanes")
+    return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg), stages=stages,
+                parts=parts)
 
 
 def vec_sum_applies(cfg: dict, n: int) -> bool:
