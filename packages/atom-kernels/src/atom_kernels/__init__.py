@@ -1,6 +1,7 @@
 """ATOM's GPU ops: one public function per op, each with a torch reference, a Triton kernel and an
 AITER wrapper (ROCm), chosen by :mod:`atom_kernels.dispatch`."""
 
+from atom_kernels import library  # noqa: F401  (the ops as torch.ops.atom custom ops, for torch.compile)
 from atom_kernels.dispatch import OPS, describe
 from atom_kernels.ops.causal_conv1d import causal_conv1d
 from atom_kernels.ops.causal_conv1d_update import causal_conv1d_update

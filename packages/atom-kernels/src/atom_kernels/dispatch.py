@@ -128,6 +128,9 @@ class Op:
         default_factory=dict, repr=False
     )
     _plans: dict[tuple[str, str | None], tuple[str, ...]] = field(default_factory=dict, repr=False)
+    # What a call becomes while torch.compile traces it: the same call through the op's ``torch.ops.atom``
+    # custom op(s), which the compiler keeps opaque (:mod:`atom_kernels.library` sets it).
+    traced: Callable[..., Any] | None = field(default=None, repr=False)
 
     def implementation(self, backend: str) -> tuple[Callable[..., Any], Callable[..., str | None] | None]:
         if backend not in self._impls:
@@ -156,6 +159,12 @@ class Op:
         raise BackendUnavailable(f"no backend of {self.name!r} accepts this call ({'; '.join(reasons)})")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.traced is not None and torch.compiler.is_compiling():
+            return self.traced(*args, **kwargs)
+        return self.eager(*args, **kwargs)
+
+    def eager(self, *args: Any, **kwargs: Any) -> Any:
+        """The call run now: the first backend whose preconditions hold."""
         _, fn = self.resolve(*args, **kwargs)
         return fn(*args, **kwargs)
 

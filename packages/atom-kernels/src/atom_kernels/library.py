@@ -1,0 +1,237 @@
+"""The ops a model calls in its forward, as ``torch.ops.atom`` custom ops for torch.compile.
+
+A host that compiles a model's forward (vLLM's ``@support_torch_compile``, SGLang's ``--enable-torch-compile``)
+traces it with Dynamo, which cannot follow an op's Python dispatch and Triton launchers.  While it traces, each
+public op (:class:`atom_kernels.dispatch.Op`) calls its ``traced`` form instead: the same call through a custom
+op the compiler records as one opaque node, whose fake implementation gives the outputs' shapes and dtypes and
+whose real implementation is the op's ordinary dispatch.  Outside compilation an op never goes through here.
+
+Custom-op schemas hold tensors, numbers, strings, dtypes and lists of them, so ops whose public signature
+takes other objects (``fused_moe``'s :class:`ExpertQuant`) flatten them; ops that write their inputs in place
+(``rotary_embedding``, ``mrope``) declare the mutation and return their inputs.
+"""
+
+import importlib
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from atom_kernels.dispatch import OPS
+from atom_kernels.ops.fused_moe import ExpertQuant
+
+NAMESPACE = "atom"
+
+
+def define(name: str, fake: Callable, impl: Callable, mutates_args: tuple[str, ...] = ()):
+    """Register ``atom::<name>`` with ``fake``'s signature (its annotations are the schema); returns the
+    ``torch.ops`` handle."""
+    schema = torch.library.infer_schema(fake, mutates_args=mutates_args)
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=mutates_args, schema=schema)
+    op.register_fake(fake)
+    return getattr(getattr(torch.ops, NAMESPACE), name)
+
+
+def _eager(name: str) -> Callable:
+    return OPS[name].eager
+
+
+# ---- rms_norm: two ops, since the residual form returns two tensors --------------------------------------
+def _rms_norm_fake(x: Tensor, weight: Tensor, eps: float, weight_offset: float) -> Tensor:
+    return x.new_empty(x.shape)
+
+
+def _add_rms_norm_fake(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
+                       weight_offset: float) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+_rms_norm = define("rms_norm", _rms_norm_fake,
+                   lambda x, weight, eps, weight_offset: _eager("rms_norm")(x, weight, eps, None, weight_offset))
+_add_rms_norm = define("add_rms_norm", _add_rms_norm_fake,
+                       lambda x, residual, weight, eps, weight_offset:
+                       _eager("rms_norm")(x, weight, eps, residual, weight_offset))
+
+
+def _rms_norm_traced(x, weight, eps, residual=None, weight_offset=0.0):
+    if residual is None:
+        return _rms_norm(x, weight, eps, weight_offset)
+    return _add_rms_norm(x, residual, weight, eps, weight_offset)
+
+
+# ---- silu_and_mul ---------------------------------------------------------------------------------------------
+def _silu_and_mul_fake(x: Tensor) -> Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+_silu_and_mul = define("silu_and_mul", _silu_and_mul_fake, lambda x: _eager("silu_and_mul")(x))
+
+
+# ---- rotary embeddings: q and k rotated in place ---------------------------------------------------------------
+def _rotary_fake(positions: Tensor, q: Tensor, k: Tensor | None, cos_sin_cache: Tensor, head_size: int,
+                 is_neox: bool) -> None:
+    return None
+
+
+def _rotary_impl(positions, q, k, cos_sin_cache, head_size, is_neox):
+    _eager("rotary_embedding")(positions, q, k, cos_sin_cache, head_size, is_neox)
+
+
+_rotary = define("rotary_embedding", _rotary_fake, _rotary_impl, mutates_args=("q", "k"))
+
+
+def _rotary_traced(positions, q, k, cos_sin_cache, head_size, is_neox=True):
+    _rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
+    return q, k
+
+
+def _mrope_fake(positions: Tensor, q: Tensor, k: Tensor | None, cos_sin_cache: Tensor, head_size: int,
+                mrope_section: list[int], interleaved: bool, q_weight: Tensor | None, k_weight: Tensor | None,
+                eps: float, weight_offset: float) -> None:
+    return None
+
+
+def _mrope_impl(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved, q_weight, k_weight, eps,
+                weight_offset):
+    _eager("mrope")(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved, q_weight=q_weight,
+                    k_weight=k_weight, eps=eps, weight_offset=weight_offset)
+
+
+_mrope = define("mrope", _mrope_fake, _mrope_impl, mutates_args=("q", "k"))
+
+
+def _mrope_traced(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved=False, *, q_weight=None,
+                  k_weight=None, eps=1e-6, weight_offset=0.0):
+    _mrope(positions, q, k, cos_sin_cache, head_size, list(mrope_section), interleaved, q_weight, k_weight, eps,
+           weight_offset)
+    return q, k
+
+
+# ---- mixture of experts ------------------------------------------------------------------------------------------
+def _topk_routing_fake(router_logits: Tensor, top_k: int, scoring: str, renormalize: bool,
+                       correction_bias: Tensor | None, n_group: int, topk_group: int,
+                       routed_scaling_factor: float) -> tuple[Tensor, Tensor]:
+    tokens = router_logits.shape[0]
+    return (router_logits.new_empty((tokens, top_k), dtype=torch.float32),
+            router_logits.new_empty((tokens, top_k), dtype=torch.int32))
+
+
+def _topk_routing_impl(router_logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
+                       routed_scaling_factor):
+    return _eager("topk_routing")(router_logits, top_k, scoring=scoring, renormalize=renormalize,
+                                  correction_bias=correction_bias, n_group=n_group, topk_group=topk_group,
+                                  routed_scaling_factor=routed_scaling_factor)
+
+
+_topk_routing = define("topk_routing", _topk_routing_fake, _topk_routing_impl)
+
+
+def _topk_routing_traced(router_logits, top_k, *, scoring="softmax", renormalize=True, correction_bias=None,
+                         n_group=1, topk_group=1, routed_scaling_factor=1.0):
+    return _topk_routing(router_logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
+                         routed_scaling_factor)
+
+
+def _fused_moe_fake(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                    expert_map: Tensor | None, quant_format: str | None, w13_scale: Tensor | None,
+                    w2_scale: Tensor | None, block_shape: list[int] | None,
+                    act_dtype: torch.dtype | None) -> Tensor:
+    return hidden.new_empty(hidden.shape)
+
+
+def _fused_moe_impl(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant_format, w13_scale, w2_scale,
+                    block_shape, act_dtype):
+    quant = None
+    if quant_format is not None:
+        quant = ExpertQuant(quant_format, w13_scale, w2_scale, tuple(block_shape) if block_shape else None, act_dtype)
+    return _eager("fused_moe")(hidden, w13, w2, topk_weights, topk_ids, expert_map=expert_map, quant=quant)
+
+
+_fused_moe = define("fused_moe", _fused_moe_fake, _fused_moe_impl)
+
+
+def _fused_moe_traced(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None):
+    if config is not None:
+        raise ValueError("fused_moe: a kernel config is for benchmarks; it cannot be traced by torch.compile")
+    if quant is None:
+        return _fused_moe(hidden, w13, w2, topk_weights, topk_ids, expert_map, None, None, None, None, None)
+    block = list(quant.block_shape) if quant.block_shape is not None else None
+    return _fused_moe(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant.format, quant.w13_scale,
+                      quant.w2_scale, block, quant.act_dtype)
+
+
+# ---- quantized linear layers -----------------------------------------------------------------------------------
+def _quant_fp8_fake(x: Tensor, group_size: int | None, static_scale: Tensor | None) -> tuple[Tensor, Tensor]:
+    groups = 1 if group_size is None else math.ceil(x.shape[-1] / group_size)
+    return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
+            x.new_empty((*x.shape[:-1], groups), dtype=torch.float32))
+
+
+_quant_fp8 = define("quant_fp8", _quant_fp8_fake,
+                    lambda x, group_size, static_scale: _eager("quant_fp8")(x, group_size, static_scale))
+
+
+def _quant_fp8_traced(x, group_size=None, static_scale=None):
+    return _quant_fp8(x, group_size, static_scale)
+
+
+def _fp8_scaled_mm_fake(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, bias: Tensor | None,
+                        out_dtype: torch.dtype) -> Tensor:
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+_fp8_scaled_mm = define("fp8_scaled_mm", _fp8_scaled_mm_fake,
+                        lambda a, a_scale, b, b_scale, bias, out_dtype:
+                        _eager("fp8_scaled_mm")(a, a_scale, b, b_scale, bias, out_dtype))
+
+
+def _fp8_scaled_mm_traced(a, a_scale, b, b_scale, bias=None, out_dtype=torch.bfloat16):
+    return _fp8_scaled_mm(a, a_scale, b, b_scale, bias, out_dtype)
+
+
+def _fp8_block_mm_fake(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, block_size: list[int],
+                       bias: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+_fp8_block_mm = define("fp8_block_mm", _fp8_block_mm_fake,
+                       lambda a, a_scale, b, b_scale, block_size, bias, out_dtype:
+                       _eager("fp8_block_mm")(a, a_scale, b, b_scale, tuple(block_size), bias, out_dtype))
+
+
+def _fp8_block_mm_traced(a, a_scale, b, b_scale, block_size=(128, 128), bias=None, out_dtype=torch.bfloat16):
+    return _fp8_block_mm(a, a_scale, b, b_scale, list(block_size), bias, out_dtype)
+
+
+def _mxfp4_mm_fake(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None, layout: str,
+                   static_weights: bool) -> Tensor:
+    return x.new_empty((x.shape[0], w.shape[0]))
+
+
+_mxfp4_mm = define("mxfp4_mm", _mxfp4_mm_fake,
+                   lambda x, w, w_scale, bias, layout, static_weights:
+                   _eager("mxfp4_mm")(x, w, w_scale, bias, layout=layout, static_weights=static_weights))
+
+
+def _mxfp4_mm_traced(x, w, w_scale, bias=None, layout="rows", static_weights=False):
+    return _mxfp4_mm(x, w, w_scale, bias, layout, static_weights)
+
+
+# op name -> its traced form
+TRACED: dict[str, Callable] = {
+    "rms_norm": _rms_norm_traced,
+    "silu_and_mul": lambda x: _silu_and_mul(x),
+    "rotary_embedding": _rotary_traced,
+    "mrope": _mrope_traced,
+    "topk_routing": _topk_routing_traced,
+    "fused_moe": _fused_moe_traced,
+    "quant_fp8": _quant_fp8_traced,
+    "fp8_scaled_mm": _fp8_scaled_mm_traced,
+    "fp8_block_mm": _fp8_block_mm_traced,
+    "mxfp4_mm": _mxfp4_mm_traced,
+}
+
+for _name, _traced in TRACED.items():
+    importlib.import_module(f"atom_kernels.ops.{_name}")  # registers the op
+    OPS[_name].traced = _traced

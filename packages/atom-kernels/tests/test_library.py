@@ -1,0 +1,178 @@
+"""The ops as ``torch.ops.atom`` custom ops: torch.compile traces a forward through them in one graph, each op
+is one opaque node, the fake implementations agree with the real ones (torch.library.opcheck), and a compiled
+call returns what the eager call returns (in-place rotations included)."""
+
+import pytest
+import torch
+
+from atom_kernels import (
+    OPS,
+    ExpertQuant,
+    fp8_block_mm,
+    fp8_scaled_mm,
+    fused_moe,
+    mrope,
+    mxfp4_mm,
+    quant_fp8,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+    topk_routing,
+)
+from atom_kernels.formats import quantize_fp8_blocks, quantize_mxfp4
+from atom_kernels.library import TRACED
+
+T, H, HEADS, KV_HEADS, HEAD = 7, 64, 4, 2, 16
+
+
+def _cache(rotary_dim: int, positions: int = 64) -> torch.Tensor:
+    inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    freqs = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
+
+
+def _moe_inputs(device, gen, experts=8, inter=32, top_k=2, hidden=H):
+    x = torch.randn(T, hidden, generator=gen).to(device)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.1).to(device)
+    w2 = (torch.randn(experts, hidden, inter, generator=gen) * 0.1).to(device)
+    logits = torch.randn(T, experts, generator=gen).to(device)
+    return x, w13, w2, logits, top_k
+
+
+
+def test_every_op_with_a_traced_form_is_registered():
+    assert set(TRACED) <= set(OPS)
+    for name, traced in TRACED.items():
+        assert OPS[name].traced is traced
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_decoder_block_compiles_into_one_graph_of_atom_ops(backend, rng):
+    torch.manual_seed(0)
+    x, w13, w2, logits_w, top_k = _moe_inputs("cpu", rng)
+    norm_w = torch.rand(H, generator=rng) + 0.5
+    qk_w = torch.randn(H, (HEADS + 2 * KV_HEADS) * HEAD, generator=rng) * 0.1
+    router = torch.randn(H, w13.shape[0], generator=rng) * 0.1
+    cache = _cache(HEAD)
+    positions = torch.arange(T) + 3
+
+    def block(h, residual):
+        x, residual = rms_norm(h, norm_w, 1e-6, residual)
+        qkv = x @ qk_w
+        q, k, v = qkv.split([HEADS * HEAD, KV_HEADS * HEAD, KV_HEADS * HEAD], dim=-1)
+        q = rms_norm(q.reshape(-1, HEAD), norm_w[:HEAD], 1e-6).view(T, -1)
+        k = rms_norm(k.reshape(-1, HEAD), norm_w[:HEAD], 1e-6).view(T, -1)
+        q, k = rotary_embedding(positions, q, k, cache, HEAD, True)
+        attn = (q[:, : KV_HEADS * HEAD] + k + v) @ qk_w[:, : KV_HEADS * HEAD].T[:, :H]
+        weights, ids = topk_routing(attn @ router, top_k)
+        moe = fused_moe(attn, w13, w2, weights, ids)
+        dense = silu_and_mul(torch.cat((attn, moe), dim=-1))
+        return dense + moe, residual
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward if backend == "eager" else torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+    h, residual = x.clone(), torch.randn(T, H, generator=rng)
+    want = block(h.clone(), residual.clone())
+    got = torch.compile(block, backend=record, fullgraph=True, dynamic=True)(h.clone(), residual.clone())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    # fullgraph: no graph break; Dynamo may restart its analysis once (a float argument specialised), so the
+    # graph compiled last is the one that runs
+    targets = [str(node.target) for node in graphs[-1].graph.nodes if node.op == "call_function"]
+    for op in ("add_rms_norm", "rms_norm", "rotary_embedding", "topk_routing", "fused_moe", "silu_and_mul"):
+        assert {f"atom.{op}", f"atom.{op}.default"} & set(targets), f"atom::{op} is not a node of the traced graph: {targets}"
+
+
+def _opcheck_cases(gen):
+    x = torch.randn(T, H, generator=gen)
+    w = torch.rand(H, generator=gen) + 0.5
+    q = torch.randn(T, HEADS * HEAD, generator=gen)
+    k = torch.randn(T, KV_HEADS * HEAD, generator=gen)
+    positions = torch.arange(T)
+    x_moe, w13, w2, logits, top_k = _moe_inputs("cpu", gen)
+    weights, ids = topk_routing(logits, top_k)
+    x_fp8moe, w13_hi, w2_hi, _, _ = _moe_inputs("cpu", gen, experts=4, inter=128, hidden=128)
+    w13_fp8, w13_s = (torch.stack(t) for t in zip(*(quantize_fp8_blocks(w) for w in w13_hi)))
+    w2_fp8, w2_s = (torch.stack(t) for t in zip(*(quantize_fp8_blocks(w) for w in w2_hi)))
+    weights4, ids4 = topk_routing(torch.randn(T, 4, generator=gen), top_k)
+    a = torch.randn(T, 256, generator=gen)
+    b = torch.randn(96, 256, generator=gen) * 0.1
+    b_fp8, b_block_scale = quantize_fp8_blocks(b)
+    b_codes, b_mx_scale = quantize_mxfp4(b)
+    qa, sa = quant_fp8(a)
+    qg, sg = quant_fp8(a, 128)
+    b_row = torch.rand(96, 1, generator=gen) + 0.01
+    ops = torch.ops.atom
+    mrope_positions = torch.stack([positions, positions + 1, positions + 2])
+    return {
+        "rms_norm": (ops.rms_norm, (x, w, 1e-6, 0.0)),
+        "add_rms_norm": (ops.add_rms_norm, (x, x.clone(), w, 1e-6, 1.0)),
+        "silu_and_mul": (ops.silu_and_mul, (x,)),
+        "rotary_embedding": (ops.rotary_embedding, (positions, q.clone(), k.clone(), _cache(HEAD), HEAD, True)),
+        "mrope": (ops.mrope, (mrope_positions, q.clone(), k.clone(), _cache(HEAD), HEAD, [4, 2, 2], True, None, None,
+                              1e-6, 0.0)),
+        "topk_routing": (ops.topk_routing, (logits, top_k, "softmax", True, None, 1, 1, 1.0)),
+        "fused_moe": (ops.fused_moe, (x_moe, w13, w2, weights, ids, None, None, None, None, None, None)),
+        "fused_moe_fp8": (ops.fused_moe, (x_fp8moe, w13_fp8, w2_fp8, weights4, ids4, None, "fp8-block", w13_s, w2_s,
+                                          [128, 128], torch.float8_e4m3fn)),
+        "quant_fp8": (ops.quant_fp8, (a, None, None)),
+        "quant_fp8_groups": (ops.quant_fp8, (a, 128, None)),
+        "fp8_scaled_mm": (ops.fp8_scaled_mm, (qa, sa, b_fp8, b_row, None, torch.float32)),
+        "fp8_block_mm": (ops.fp8_block_mm, (qg, sg, b_fp8, b_block_scale, [128, 128], None, torch.float32)),
+        "mxfp4_mm": (ops.mxfp4_mm, (a, b_codes, b_mx_scale, None, "rows", False)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_opcheck_cases(torch.Generator().manual_seed(0))))
+def test_opcheck(case, rng):
+    op, args = _opcheck_cases(rng)[case]
+    checks = ("test_faketensor", "test_aot_dispatch_dynamic")
+    # the schema check compares arguments before and after with arithmetic CPU fp8 tensors do not have; the
+    # fp8 ops mutate nothing (the in-place ops' mutations are checked on float inputs)
+    fp8 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
+    torch.library.opcheck(op, args, test_utils=checks if fp8 else ("test_schema", *checks))
+
+
+def test_traced_forms_equal_eager_calls(rng):
+    """Each public op, compiled alone, returns what it returns eagerly (quantized ones included)."""
+    cases = _opcheck_cases(rng)
+    x_moe, w13, w2, weights, ids = cases["fused_moe_fp8"][1][:5]
+    quant = ExpertQuant("fp8-block", cases["fused_moe_fp8"][1][7], cases["fused_moe_fp8"][1][8], (128, 128),
+                        torch.float8_e4m3fn)
+    qg, sg, b_fp8, b_block_scale = cases["fp8_block_mm"][1][:4]
+    qa, sa, _, b_row = cases["fp8_scaled_mm"][1][:4]
+    a, b_codes, b_mx_scale = cases["mxfp4_mm"][1][:3]
+    calls = [
+        lambda: fused_moe(x_moe, w13, w2, weights, ids, quant=quant),
+        lambda: fp8_block_mm(qg, sg, b_fp8, b_block_scale, (128, 128), None, torch.float32),
+        lambda: fp8_scaled_mm(qa, sa, b_fp8, b_row, None, torch.float32),
+        lambda: mxfp4_mm(a, b_codes, b_mx_scale, None, layout="rows"),
+        lambda: quant_fp8(a, 128)[1],
+    ]
+    for call in calls:
+        torch.testing.assert_close(torch.compile(call, backend="aot_eager", fullgraph=True)(), call())
+    q, k = cases["mrope"][1][1:3]
+    pos, cache = cases["mrope"][1][0], cases["mrope"][1][3]
+    want = mrope(pos, q.clone(), k.clone(), cache, HEAD, (4, 2, 2), True)
+
+    def rotate(q, k):
+        return mrope(pos, q, k, cache, HEAD, (4, 2, 2), True)
+
+    got = torch.compile(rotate, backend="aot_eager", fullgraph=True)(q.clone(), k.clone())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_a_kernel_config_cannot_be_traced(rng):
+    from atom_kernels import MoeKernelConfig
+    from atom_kernels.ops.fused_moe.configs import CONFIGS
+
+    x, w13, w2, logits, top_k = _moe_inputs("cpu", rng)
+    weights, ids = topk_routing(logits, top_k)
+    config: MoeKernelConfig = CONFIGS["decode"]
+    with pytest.raises(Exception, match="kernel config is for benchmarks"):
+        torch.compile(lambda: fused_moe(x, w13, w2, weights, ids, config=config), backend="eager", fullgraph=True)()
