@@ -150,3 +150,23 @@ def test_atom_matches_vllm_and_transformers(generate_models, probe):
         elif arch in own_by:
             assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own", fp32, own_by[arch], hf_logits)
             assert_same_greedy(f"{arch}: vLLM's own vs transformers", own_by[arch], hf_tokens, hf_logits)
+
+
+# The architectures vLLM compiles (atom_vllm.compilation) that this CPU can run both ways: one dense, one MoE.
+COMPILED_ARCHS = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+
+
+def test_compiled_forward_matches_eager(generate_models, probe):
+    """vLLM's default start-up (torch.compile of ATOM's class: its ops as torch.ops.atom custom ops, Inductor
+    for the rest) gives the tokens of the eager forward."""
+    dirs = [generate_models[a] for a in COMPILED_ARCHS]
+    options = {"prompts": PROMPTS, "max_tokens": str(MAX_TOKENS)}
+    with ThreadPoolExecutor(2) as pool:
+        compiled_job = pool.submit(probe, "generate", dirs, env=ENGINE_ENV, compiled="yes", **options)
+        eager_job = pool.submit(probe, "generate", dirs, env=ENGINE_ENV, **options)
+        compiled, eager = compiled_job.result(), eager_job.result()
+    assert_served_by_atom(compiled)
+    for arch, c, e in zip(COMPILED_ARCHS, compiled, eager):
+        assert c["compiled"] and not e["compiled"], f"{arch}: compiled={c['compiled']} / eager run compiled={e['compiled']}"
+        _, hf_logits, _ = transformers_reference(c["dir"], arch, False)
+        assert_same_greedy(f"{arch}: compiled vs eager", c["tokens"], e["tokens"], hf_logits)

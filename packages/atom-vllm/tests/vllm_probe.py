@@ -300,7 +300,8 @@ def construct(dirs: list[str]) -> list[dict]:
     return out
 
 
-def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int) -> list[dict]:
+def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False) -> list[dict]:
+    """Greedy tokens of each checkpoint; ``compiled``: with vLLM's torch.compile (its default), else eager."""
     # The engine core and its worker in this process: no process start-ups (each re-imports vLLM), and
     # apply_model can run a plain function on the model.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -314,13 +315,15 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int) -> list
         dtype = dtype or "float32"
         cache = {"mamba_ssm_cache_dtype": ssm_dtype} if ssm_dtype else {}
         start = time.perf_counter()
-        llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype=dtype, max_model_len=256,
+        llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=not compiled, dtype=dtype, max_model_len=256,
                   max_num_seqs=4, seed=0, **cache)
         started = time.perf_counter() - start
         module, qualname = llm.apply_model(lambda model: (type(model).__module__, type(model).__qualname__))[0]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
         results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        compiled_classes = llm.apply_model(lambda model: type(model).__name__ if getattr(model, "compiled", False) else "")
         out.append({"dir": model_dir, "dtype": dtype, "module": module, "qualname": qualname,
+                    "compiled": bool(compiled_classes[0]),
                     "tokens": [list(r.outputs[0].token_ids) for r in results],
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
         del llm
@@ -345,13 +348,14 @@ def main() -> None:
     parser.add_argument("--prompts", default="[[1, 2, 3, 4]]")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--inspect", choices=["yes", "no"], default="yes")
+    parser.add_argument("--compiled", choices=["yes", "no"], default="no")
     args = parser.parse_args()
     if args.command == "resolve":
         result = resolve(args.dirs, inspect=args.inspect == "yes")
     elif args.command == "construct":
         result = construct(args.dirs)
     else:
-        result = generate(args.dirs, json.loads(args.prompts), args.max_tokens)
+        result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes")
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 

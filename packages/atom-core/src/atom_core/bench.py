@@ -27,6 +27,13 @@ SHAPES = {
                              head_dim=128, vocab_size=151936, max_position_embeddings=40960),  # Qwen3-8B
     "LlamaForCausalLM": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                              head_dim=128, vocab_size=128256, max_position_embeddings=8192),  # Llama-3-8B
+    "Qwen3MoeForCausalLM": dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                                num_experts_per_tok=8, norm_topk_prob=True, mlp_only_layers=[], num_attention_heads=32,
+                                num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                                max_position_embeddings=40960),  # Qwen3-30B-A3B
+    "MixtralForCausalLM": dict(hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32000,
+                               max_position_embeddings=32768, sliding_window=None),  # Mixtral-8x7B
 }
 
 

@@ -18,6 +18,7 @@ from atom_core import catalog
 from atom_core.errors import UnsupportedConfigError
 from atom_core.quant import parse_quant_config
 from atom_vllm.capabilities import missing, mixins, plan, vllm_bases
+from atom_vllm.compilation import compiles, support_torch_compile
 from atom_vllm.host import VllmHost
 
 
@@ -72,7 +73,8 @@ def build_class(spec: catalog.ArchSpec) -> type:
         "atom_class": atom_cls,
         "packed_modules_mapping": dict(atom_cls.weight_mapper.packed_modules_mapping),
     }
-    return type(spec.name, (*mixins(spec), VllmModelAdapter, *vllm_bases(spec), atom_cls), namespace)
+    cls = type(spec.name, (*mixins(spec), VllmModelAdapter, *vllm_bases(spec), atom_cls), namespace)
+    return support_torch_compile(cls) if compiles(spec) else cls
 
 
 _classes: dict[str, type] = {}

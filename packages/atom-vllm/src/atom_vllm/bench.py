@@ -1,0 +1,249 @@
+"""End to end inside vLLM on a GPU: ATOM's model classes against vLLM's own, same checkpoint, same engine.
+
+``python -m atom_vllm.bench --models qwen3-8b,qwen3-30b-a3b --out e2e.json``
+
+For each model a random-weight checkpoint of the real shape (few layers) is written once; then, for each
+implementation, one engine process runs ``LLM.generate`` with vLLM's defaults (CUDA graphs, torch.compile,
+chunked prefill, prefix caching) and ``max_num_batched_tokens``:
+
+* agreement: greedy tokens and the log-probabilities of prompt and output tokens on a fixed prompt set;
+* speed, per batch size: ``repeats`` runs of ``batch`` random prompts (fresh ones every run, so the prefix
+  cache never hits), each timed with 1 output token (TTFT: the batch's prefill) and with ``output_len``
+  tokens (``ignore_eos``): output tokens/s = batch * output_len / time, TPOT = (time - TTFT) / (output_len - 1);
+* start-up: ``LLM(...)`` construction (weights, profiling, compilation, CUDA-graph capture);
+* optionally (``--profile``) GPU kernel time per kernel name, from vLLM's torch profiler, over one prefill and
+  one decode run of the first batch size.
+
+The implementation is chosen with atom-vllm's own switch (``ATOM_DISABLE_VLLM_PLUGIN=1`` gives vLLM's
+classes); the engine's module is recorded so a row cannot silently measure the wrong one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# name -> (architecture, layers); shapes are atom_core.bench.SHAPES
+MODELS: dict[str, tuple[str, int]] = {
+    "qwen3-8b": ("Qwen3ForCausalLM", 8),
+    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 6),
+    "llama3-8b": ("LlamaForCausalLM", 8),
+    "mixtral-8x7b": ("MixtralForCausalLM", 4),
+}
+IMPLS: dict[str, dict[str, str]] = {"vllm": {"ATOM_DISABLE_VLLM_PLUGIN": "1"}, "atom": {"ATOM_DISABLE_VLLM_PLUGIN": "0"}}
+# every engine: llm.apply_model ships a function to the worker (vLLM refuses pickled callables otherwise)
+ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 16, 32
+
+
+def random_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(10, vocab, (count, length), generator=gen).tolist()
+
+
+# ---- one engine (a subprocess per implementation) -------------------------------------------------------------
+def model_module(model) -> str:
+    """Run in vLLM's worker (``apply_model``): which implementation the engine built.  A module-level function of
+    an importable module, so the engine-core process can unpickle it."""
+    return type(model).__module__
+
+
+def run_engine(job: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    vocab = json.loads((Path(job["model_dir"]) / "config.json").read_text())["vocab_size"]
+    extra = {}
+    if job.get("profile_dir"):
+        from vllm.config import ProfilerConfig
+
+        extra["profiler_config"] = ProfilerConfig(profiler="torch", torch_profiler_dir=job["profile_dir"],
+                                                  torch_profiler_with_stack=False, torch_profiler_use_gzip=True,
+                                                  ignore_frontend=True)
+    began = time.perf_counter()
+    llm = LLM(model=job["model_dir"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+              max_num_batched_tokens=job["max_num_batched_tokens"], **extra)
+    startup = time.perf_counter() - began
+    module = llm.apply_model(model_module)[0]
+
+    def generate(prompts, max_tokens, **kw):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, **kw)
+        start = time.perf_counter()
+        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return results, time.perf_counter() - start
+
+    fixed = [p[: 16 + 13 * i] for i, p in enumerate(random_prompts(vocab, AGREEMENT_PROMPTS, 256, seed=1))]
+    results, _ = generate(fixed, AGREEMENT_TOKENS, logprobs=0, prompt_logprobs=0)
+    agreement = [{
+        "tokens": list(r.outputs[0].token_ids),
+        "logprobs": [next(iter(d.values())).logprob for d in r.outputs[0].logprobs],
+        "prompt_logprobs": [next(iter(d.values())).logprob for d in r.prompt_logprobs[1:]],
+    } for r in results]
+
+    runs = []
+    plen, olen = job["prompt_len"], job["output_len"]
+    for batch in job["batches"]:
+        generate(random_prompts(vocab, batch, plen, seed=10_000 + batch), olen)  # warm-up at this batch size
+        for rep in range(job["repeats"]):
+            _, ttft = generate(random_prompts(vocab, batch, plen, seed=100 * batch + 2 * rep), 1)
+            _, total = generate(random_prompts(vocab, batch, plen, seed=100 * batch + 2 * rep + 1), olen)
+            runs.append({"batch": batch, "repeat": rep, "ttft_s": ttft, "total_s": total})
+
+    if job.get("profile_dir"):
+        batch = job["batches"][0]
+        for phase, tokens in (("prefill", 1), ("decode", olen)):
+            llm.start_profile(profile_prefix=phase)
+            generate(random_prompts(vocab, batch, plen, seed=7 + tokens), tokens)
+            llm.stop_profile()
+    return {"module": module, "startup_s": startup, "agreement": agreement, "runs": runs}
+
+
+# ---- the comparison ------------------------------------------------------------------------------------------
+def kernel_table(profile_dir: Path, prefix: str, top: int = 30) -> dict:
+    """GPU time per kernel name (µs, summed) over the traces of one profiled phase."""
+    totals: dict[str, float] = {}
+    for trace in sorted(profile_dir.rglob(f"*{prefix}*.json*")):
+        with (gzip.open(trace, "rt") if trace.suffix == ".gz" else open(trace)) as f:
+            events = json.load(f).get("traceEvents", [])
+        for e in events:
+            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+                totals[e["name"]] = totals.get(e["name"], 0.0) + float(e.get("dur", 0.0))
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    return {"total_us": round(sum(totals.values()), 1), "kernels": [[n[:120], round(t, 1)] for n, t in ranked[:top]]}
+
+
+def compare_agreement(ref: list[dict], other: list[dict]) -> dict:
+    same = sum(a["tokens"] == b["tokens"] for a, b in zip(ref, other))
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), len(a["tokens"]))
+                  for a, b in zip(ref, other)]
+    prompt_delta = [abs(x - y) for a, b in zip(ref, other) for x, y in zip(a["prompt_logprobs"], b["prompt_logprobs"])]
+    # output log-probabilities are comparable only while both chose the same tokens
+    out_delta = [abs(x - y) for a, b, n in zip(ref, other, first_diff) for x, y in zip(a["logprobs"][:n], b["logprobs"][:n])]
+    return {"prompts": len(ref), "identical_greedy": same, "mean_first_divergence": statistics.mean(first_diff),
+            "prompt_logprob_mean_abs_diff": statistics.mean(prompt_delta), "prompt_logprob_max_abs_diff": max(prompt_delta),
+            "output_logprob_mean_abs_diff": statistics.mean(out_delta) if out_delta else None}
+
+
+def summarize(runs: list[dict], batch: int, output_len: int) -> dict:
+    mine = [r for r in runs if r["batch"] == batch]
+    tput = [batch * output_len / r["total_s"] for r in mine]
+    tpot = [(r["total_s"] - r["ttft_s"]) / (output_len - 1) * 1e3 for r in mine]
+    ttft = [r["ttft_s"] * 1e3 for r in mine]
+
+    def spread(values):
+        return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+
+    return {"output_tok_per_s": spread(tput), "tpot_ms": spread(tpot), "ttft_ms": spread(ttft)}
+
+
+def engine_subprocess(impl: str, job: dict, workdir: Path) -> dict:
+    job_file, out_file = workdir / f"{impl}-job.json", workdir / f"{impl}-out.json"
+    job_file.write_text(json.dumps(job))
+    env = {**os.environ, **ENGINE_ENV, **IMPLS[impl]}
+    # run as atom_vllm.bench rather than __main__, so model_module pickles by an importable name
+    code = "import sys; from atom_vllm.bench import main; sys.exit(main(sys.argv[1:]))"
+    subprocess.run([sys.executable, "-c", code, "--engine", str(job_file), str(out_file)], env=env, check=True)
+    return json.loads(out_file.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m atom_vllm.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="qwen3-8b,qwen3-30b-a3b")
+    parser.add_argument("--impls", default="vllm,atom")
+    parser.add_argument("--layers", type=int, default=None, help="override each model's layer count")
+    parser.add_argument("--batches", default="1,64,256")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--profile", action="store_true", help="kernel times of the first batch size")
+    parser.add_argument("--workdir", default=None, help="where checkpoints go (default: a temporary directory)")
+    parser.add_argument("--out", required=False)
+    parser.add_argument("--engine", nargs=2, help=argparse.SUPPRESS)  # internal: JOB.json OUT.json
+    args = parser.parse_args(argv)
+    if args.engine:
+        Path(args.engine[1]).write_text(json.dumps(run_engine(json.loads(Path(args.engine[0]).read_text()))))
+        return 0
+    if not args.out:
+        parser.error("--out is required")
+
+    import torch
+    import vllm
+
+    from atom_core.bench import write_checkpoint
+
+    impls = args.impls.split(",")
+    unknown = [i for i in impls if i not in IMPLS] + [m for m in args.models.split(",") if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model or implementation: {', '.join(unknown)} (models: {', '.join(MODELS)}; "
+                     f"implementations: {', '.join(IMPLS)})")
+    batches = [int(b) for b in args.batches.split(",")]
+    report = {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
+              "vllm": vllm.__version__, "torch": torch.__version__, "command": " ".join(sys.argv),
+              "settings": {"dtype": "bfloat16", "prompt_len": args.prompt_len, "output_len": args.output_len,
+                           "repeats": args.repeats, "max_num_batched_tokens": args.max_num_batched_tokens,
+                           "engine": "LLM.generate, vLLM defaults (CUDA graphs + torch.compile), ignore_eos"},
+              "models": []}
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        for name in args.models.split(","):
+            arch, layers = MODELS[name]
+            layers = args.layers or layers
+            workdir = Path(tmp) / name
+            model_dir = write_checkpoint(arch, layers, workdir / "ckpt", torch.bfloat16, "cuda")
+            torch.cuda.empty_cache()
+            entry = {"model": name, "arch": arch, "layers": layers, "impls": {}}
+            for impl in impls:
+                profile_dir = workdir / f"profile-{impl}" if args.profile else None
+                job = {"model_dir": str(model_dir), "batches": batches, "prompt_len": args.prompt_len,
+                       "output_len": args.output_len, "repeats": args.repeats,
+                       "max_num_batched_tokens": args.max_num_batched_tokens,
+                       "profile_dir": str(profile_dir) if profile_dir else None}
+                out = engine_subprocess(impl, job, workdir)
+                result = {"module": out["module"], "startup_s": round(out["startup_s"], 1),
+                          "batches": {str(b): summarize(out["runs"], b, args.output_len) for b in batches},
+                          "agreement_raw": out["agreement"]}
+                if profile_dir:
+                    result["kernels"] = {phase: kernel_table(profile_dir, phase) for phase in ("prefill", "decode")}
+                entry["impls"][impl] = result
+            if "vllm" in entry["impls"] and "atom" in entry["impls"]:
+                entry["agreement"] = compare_agreement(entry["impls"]["vllm"]["agreement_raw"],
+                                                       entry["impls"]["atom"]["agreement_raw"])
+            for result in entry["impls"].values():
+                result.pop("agreement_raw")
+            report["models"].append(entry)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+    print_table(report)
+    return 0
+
+
+def print_table(report: dict) -> None:
+    print(f"{report['gpu']}, vLLM {report['vllm']}, {report['date']}")
+    print(f"{'model':16} {'batch':>5} {'impl':>5} {'tok/s (min-max)':>24} {'TPOT ms':>8} {'TTFT ms':>9} {'startup':>8}")
+    for entry in report["models"]:
+        for impl, result in entry["impls"].items():
+            for batch, row in result["batches"].items():
+                t = row["output_tok_per_s"]
+                print(f"{entry['model']:16} {batch:>5} {impl:>5} {t['median']:>10.0f} ({t['min']:.0f}-{t['max']:.0f})"
+                      f"{row['tpot_ms']['median']:>8.2f} {row['ttft_ms']['median']:>9.1f} {result['startup_s']:>8.1f}")
+        if "agreement" in entry:
+            print(f"{entry['model']}: agreement {entry['agreement']}")
+        if {"vllm", "atom"} <= set(entry["impls"]):
+            ratios = [entry["impls"]["atom"]["batches"][b]["output_tok_per_s"]["median"]
+                      / entry["impls"]["vllm"]["batches"][b]["output_tok_per_s"]["median"]
+                      for b in entry["impls"]["atom"]["batches"]]
+            print(f"{entry['model']}: ATOM / vLLM " + " / ".join(f"{r:.2f}" for r in ratios))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""vLLM compiles ATOM's model classes as it compiles its own.
+
+vLLM compiles a model class that carries its ``@support_torch_compile`` decorator: Dynamo traces ``forward``
+once with a symbolic token count, vLLM splits the graph at its attention ops, Inductor compiles the pieces,
+and vLLM captures them in piecewise CUDA graphs (mixed prefill/decode batches) beside full-model CUDA graphs
+(pure decode batches).  A class without it runs its forward eagerly outside those graphs.  ATOM's kernels
+reach the traced graph as opaque ``torch.ops.atom`` custom ops (:mod:`atom_kernels.library`).
+
+The decorator goes on the generated wrapper class itself (its ``forward`` is the model's forward), as vLLM's
+Transformers backend does with the classes it wraps.  Hybrid models are left out: their GDN layers read vLLM's
+mamba metadata in Python during the forward, which a traced graph would freeze; they run eagerly between
+full-model CUDA graphs as before.
+"""
+
+from __future__ import annotations
+
+from atom_core import catalog
+from atom_core.catalog import HYBRID
+
+# The dims vLLM treats as the (symbolic) token count: positions is [T] or, with MRoPE, [3, T].
+DYNAMIC_ARG_DIMS = {"input_ids": 0, "positions": -1, "intermediate_tensors": 0, "inputs_embeds": 0}
+
+
+def compiles(spec: catalog.ArchSpec) -> bool:
+    """Whether vLLM compiles the wrapper of ``spec`` (see the module docstring for why hybrids do not)."""
+    return HYBRID not in spec.capabilities
+
+
+def support_torch_compile(cls: type) -> type:
+    """``cls`` decorated with vLLM's ``support_torch_compile`` (``vllm.compilation.decorators`` in every
+    supported release); vLLM still decides per engine whether to compile (``-O0`` / ``enforce_eager``)."""
+    from vllm.compilation.decorators import support_torch_compile as decorate
+
+    return decorate(dynamic_arg_dims=DYNAMIC_ARG_DIMS)(cls)

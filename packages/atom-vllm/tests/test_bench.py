@@ -1,0 +1,38 @@
+"""The end-to-end bench's bookkeeping (atom_vllm.bench): spread of repeated runs, agreement between two
+implementations and kernel tables from profiler traces.  The GPU runs themselves are not part of CI."""
+
+import gzip
+import json
+
+from atom_vllm.bench import compare_agreement, kernel_table, summarize
+
+
+def test_summarize_states_median_and_spread():
+    runs = [{"batch": 4, "repeat": r, "ttft_s": 0.1, "total_s": t} for r, t in enumerate((1.0, 2.0, 4.0))]
+    runs.append({"batch": 8, "repeat": 0, "ttft_s": 9.0, "total_s": 9.0})
+    row = summarize(runs, 4, output_len=11)
+    assert row["output_tok_per_s"] == {"median": 22.0, "min": 11.0, "max": 44.0}
+    assert row["tpot_ms"]["median"] == round((2.0 - 0.1) / 10 * 1e3, 2)
+    assert row["ttft_ms"] == {"median": 100.0, "min": 100.0, "max": 100.0}
+
+
+def test_agreement_counts_divergence_and_compares_logprobs_only_on_shared_tokens():
+    ref = [{"tokens": [1, 2, 3], "logprobs": [-1.0, -2.0, -3.0], "prompt_logprobs": [-0.5, -0.5]},
+           {"tokens": [4, 5, 6], "logprobs": [-1.0, -1.0, -1.0], "prompt_logprobs": [-1.0]}]
+    other = [{"tokens": [1, 2, 3], "logprobs": [-1.5, -2.0, -3.0], "prompt_logprobs": [-0.5, -0.7]},
+             {"tokens": [4, 9, 6], "logprobs": [-1.0, -8.0, -8.0], "prompt_logprobs": [-1.0]}]
+    got = compare_agreement(ref, other)
+    assert got["identical_greedy"] == 1 and got["mean_first_divergence"] == 2
+    assert abs(got["prompt_logprob_max_abs_diff"] - 0.2) < 1e-9
+    # output log-probabilities of the first prompt (3 tokens) and the second's first token only
+    assert abs(got["output_logprob_mean_abs_diff"] - 0.5 / 4) < 1e-9
+
+
+def test_kernel_table_sums_gpu_time_per_kernel(tmp_path):
+    events = [{"cat": "kernel", "name": "gemm", "dur": 3.0}, {"cat": "kernel", "name": "gemm", "dur": 2.0},
+              {"cat": "cpu_op", "name": "aten::mm", "dur": 50.0}, {"cat": "gpu_memcpy", "name": "copy", "dur": 1.0}]
+    with gzip.open(tmp_path / "decode_rank0.pt.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    (tmp_path / "prefill_rank0.pt.trace.json").write_text(json.dumps({"traceEvents": events[:1]}))
+    assert kernel_table(tmp_path, "decode") == {"total_us": 6.0, "kernels": [["gemm", 5.0], ["copy", 1.0]]}
+    assert kernel_table(tmp_path, "prefill")["total_us"] == 3.0
