@@ -73,21 +73,28 @@ def tests(session: nox.Session) -> None:
     args = session.posargs or ["-n", "2", "--dist", "loadgroup", "--durations=15"]
     for package in ("atom-kernels", "atom-core"):
         session.run("pytest", "-q", f"packages/{package}/tests", *args, env=env)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "ci/tests", env=env)  # the ci/ scripts (stdlib only)
+
+
+def build_wheels(session: nox.Session, dist: Path, packages: list[str] = PACKAGES) -> list[str]:
+    """Build the packages' wheels with hatch into ``dist`` (emptied first); returns their paths."""
+    env = scratch_env("build")
+    shutil.rmtree(dist, ignore_errors=True)
+    session.install(*pinned("hatch", table=TOOLS))
+    for package in packages:
+        with session.chdir(ROOT / "packages" / package):
+            session.run("hatch", "build", "-t", "wheel", str(dist), env=env)
+    wheels = sorted(str(p) for p in dist.glob("*.whl"))
+    if len(wheels) != len(packages):
+        session.error(f"expected {len(packages)} wheels, got {wheels}")
+    return wheels
 
 
 @nox.session(tags=["ci"])
 def build(session: nox.Session) -> None:
     """Build all four wheels with hatch, install them from the built files into this fresh venv, import each."""
     env = scratch_env("build")
-    dist = SCRATCH / "dist"
-    shutil.rmtree(dist, ignore_errors=True)
-    session.install(*pinned("hatch", table=TOOLS))
-    for package in PACKAGES:
-        with session.chdir(ROOT / "packages" / package):
-            session.run("hatch", "build", "-t", "wheel", str(dist), env=env)
-    wheels = sorted(str(p) for p in dist.glob("*.whl"))
-    if len(wheels) != len(PACKAGES):
-        session.error(f"expected {len(PACKAGES)} wheels, got {wheels}")
+    wheels = build_wheels(session, SCRATCH / "dist")
     session.install(*pinned("torch"))
     session.install(*wheels, f"transformers=={CORE['transformers']}")
     session.run("python", "-c", "import atom_kernels, atom_core, atom_vllm, atom_sglang; print('imports ok')", env=env)
@@ -111,6 +118,19 @@ def demo(session: nox.Session) -> None:
     session.run("atom", "generate", "--model", str(model), "--prompt-token-ids", "1,2,3,4", "--max-new-tokens", "4",
                 "--dtype", "float32", "--json", env=env)
     session.run("atom", "env", env=env)
+
+
+@nox.session(name="vllm-bundle")
+def vllm_bundle(session: nox.Session) -> None:
+    """vLLM for the air-gapped GPU machine: atom-kernels/-core/-vllm wheels, then `ci/vllm_bundle.py build` (vLLM,
+    its import-time wheels from ci/pins.toml [vllm_gpu_bundle], ATOM's wheels) into parts of <= 58 MiB.
+    `nox -s vllm-bundle -- [OUT] [build options, e.g. --wheel-dir DIR --no-moe]`; OUT defaults to $SCRATCH/vllm-bundle."""
+    dist = SCRATCH / "dist-vllm-bundle"
+    build_wheels(session, dist, ["atom-kernels", "atom-core", "atom-vllm"])
+    args = list(session.posargs)
+    out = args.pop(0) if args and not args[0].startswith("-") else str(SCRATCH / "vllm-bundle")
+    session.run("python", str(ROOT / "ci" / "vllm_bundle.py"), "build", "--out", out, "--atom-wheels", str(dist), *args,
+                env=scratch_env("vllm-bundle"))
 
 
 @nox.session

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# vLLM end to end on the air-gapped GPU machine (Python 3.12, torch 2.11.0+cu130, no package registry;
+# README "vLLM on an air-gapped GPU machine"). Copy the parts and manifest.json written by
+# `ci/vllm_bundle.py build` (`nox -s vllm-bundle`) into $PARTS_DIR (default: .bundle in this checkout), all
+# at once or one transfer at a time: each run unpacks the parts that have arrived into $BUNDLE_DIR (default
+# /tmp/vllm-bundle; parts already unpacked are skipped) and exits 3 naming the missing ones until all are
+# there; then it runs `python3 -m atom_vllm.bench "$@"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+BUNDLE_DIR="${BUNDLE_DIR:-/tmp/vllm-bundle}"
+PARTS_DIR="${PARTS_DIR:-.bundle}"
+rc=0
+out=$("$PY" ci/vllm_bundle.py install --parts "$PARTS_DIR" --target "$BUNDLE_DIR" --require-all) || rc=$?
+if (( rc == 3 )); then
+  echo "gpu_e2e: bundle incomplete: copy the missing parts into $PARTS_DIR and run again" >&2
+fi
+(( rc == 0 )) || exit "$rc"
+site="${out##*PYTHONPATH=}"
+# Order matters. The source tree comes first, so its atom_* packages are the ones imported. The bundle's
+# site dir follows: vLLM, its import-time requirements, and the dist-info of the atom-vllm wheel, whose
+# `vllm.general_plugins` entry point (atom_vllm.plugin:register) is how vLLM finds ATOM: the source tree has
+# no dist-info, so without the bundle's atom-vllm wheel vLLM would run its own models. The machine's
+# site-packages (torch, triton, transformers) come after everything on PYTHONPATH.
+src="$PWD/packages"
+export PYTHONPATH="$src/atom-kernels/src:$src/atom-core/src:$src/atom-vllm/src:$site${PYTHONPATH:+:$PYTHONPATH}"
+export VLLM_USE_FLASHINFER_SAMPLER=0   # the FlashInfer sampler imports flashinfer, which is not bundled
+export HF_HUB_OFFLINE=1                # no network there
+export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # collective_rpc with Python functions
+export PYTHONUNBUFFERED=1
+# vLLM caches the capability flags of plugin classes keyed by atom_vllm/models.py alone: a fresh cache per run.
+export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$(mktemp -d "${TMPDIR:-/tmp}/vllm-cache.XXXXXX")}"
+# vLLM 0.26.0 (the newest release pinning that machine's torch 2.11.0) is below atom-vllm's tested range.
+export ATOM_VLLM_ALLOW_UNSUPPORTED="${ATOM_VLLM_ALLOW_UNSUPPORTED:-1}"
+exec "$PY" -m atom_vllm.bench "$@"
