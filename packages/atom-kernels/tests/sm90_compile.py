@@ -240,8 +240,58 @@ def pdl_cases():
                                                    4, launch_pdl=True)
 
 
+ALIGN_COUNT_SIG = {"topk_ids_ptr": "*i32", "map_ptr": "*i32", "local_ptr": "*i32", "rank_ptr": "*i32",
+                   "counts_ptr": "*i32", "num_pairs": "i32", "num_experts": "i32", "HAS_MAP": "constexpr",
+                   "PAIR_TILE": "constexpr", "CHUNK_TILES": "constexpr", "EXPERTS_P2": "constexpr", "PDL": "constexpr"}
+ALIGN_PREFIX_SIG = {"counts_ptr": "*i32", "totals_ptr": "*i32", "num_chunks": "i32", "CHUNK_STEP": "constexpr",
+                    "STEPS": "constexpr", "EXPERT_BLOCK": "constexpr", "EXPERTS_P2": "constexpr", "PDL": "constexpr"}
+ALIGN_PLACE_SIG = {"local_ptr": "*i32", "rank_ptr": "*i32", "counts_ptr": "*i32", "totals_ptr": "*i32",
+                   "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32",
+                   "num_blocks": "i32", "num_tiles": "i32", "PAIR_TILE": "constexpr", "CHUNK_TILES": "constexpr",
+                   "EXPERTS_P2": "constexpr", "BLOCK_M": "constexpr", "ROWS": "constexpr", "PDL": "constexpr"}
+ALIGN_SINGLE_SIG = {"topk_ids_ptr": "*i32", "map_ptr": "*i32", "sorted_ptr": "*i32", "block_experts_ptr": "*i32",
+                    "num_padded_ptr": "*i32", "num_pairs": "i32", "num_experts": "i32", "num_blocks": "i32",
+                    "HAS_MAP": "constexpr", "PAIR_TILE": "constexpr", "CHUNK_TILES": "constexpr",
+                    "EXPERTS_P2": "constexpr", "BLOCK_M": "constexpr", "ROWS": "constexpr", "PDL": "constexpr"}
+ALIGN_EXPERTS = (8, 16, 32, 64, 128, 256, 512)
+
+
+def moe_align_cases():
+    """The MoE alignment kernels with the tiles ``moe_align.triton.plan`` picks for 65536 tokens x top-10 (the
+    multi-chunk path) and 256 pairs (the single launch), per expert count, launched with PDL as on sm_90."""
+    from atom_kernels.ops.moe_align.triton import (
+        _align_count_kernel,
+        _align_place_kernel,
+        _align_prefix_kernel,
+        _align_single_chunk_kernel,
+        plan,
+    )
+
+    for experts in ALIGN_EXPERTS:
+        for block_m in (16, 128):
+            p = plan(65536 * 10, experts, block_m)
+            tiles = dict(PAIR_TILE=p.pair_tile, CHUNK_TILES=p.chunk_tiles, EXPERTS_P2=p.experts_p2, PDL=True)
+            if block_m == 16:
+                yield f"moe_align_count_e{experts}", (lambda c=dict(tiles, HAS_MAP=True), w=p.num_warps: compile_sm90(
+                    _align_count_kernel, ALIGN_COUNT_SIG, c, [], w, launch_pdl=True))
+                yield f"moe_align_prefix_e{experts}", (lambda p=p: compile_sm90(
+                    _align_prefix_kernel, ALIGN_PREFIX_SIG, dict(CHUNK_STEP=p.chunk_step, STEPS=p.prefix_steps,
+                                                                 EXPERT_BLOCK=p.expert_block, EXPERTS_P2=p.experts_p2,
+                                                                 PDL=True), [], 4, launch_pdl=True))
+            yield f"moe_align_place_e{experts}_m{block_m}", (lambda c=dict(tiles, BLOCK_M=block_m, ROWS=p.rows),
+                                                             w=p.num_warps: compile_sm90(_align_place_kernel,
+                                                                                         ALIGN_PLACE_SIG, c, [], w,
+                                                                                         launch_pdl=True))
+            s = plan(256, experts, block_m)
+            yield f"moe_align_single_e{experts}_m{block_m}", (lambda s=s: compile_sm90(
+                _align_single_chunk_kernel, ALIGN_SINGLE_SIG,
+                dict(HAS_MAP=True, PAIR_TILE=s.pair_tile, CHUNK_TILES=s.chunk_tiles, EXPERTS_P2=s.experts_p2,
+                     BLOCK_M=s.block_m, ROWS=s.rows, PDL=True), [], s.num_warps, launch_pdl=True))
+
+
 def cases():
     yield from pdl_cases()
+    yield from moe_align_cases()
     yield from small_m_cases()
     yield from small_m_ring_cases()
     yield from moe_cases()

@@ -1,6 +1,8 @@
 """Mixture-of-experts ops: routing, alignment and the fused expert MLPs, Triton against the torch
 references (and the references against transformers' routers and a per-token loop)."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -125,7 +127,8 @@ def _expert_map(rng, global_experts, local_experts, device):
 
 
 @pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 1, 4, 16), (3, 2, 8, 16), (7, 4, 64, 16), (100, 2, 5, 32),
-                                                          (300, 2, 20, 16), (400, 8, 128, 64)])
+                                                          (300, 2, 20, 16), (400, 8, 128, 64), (1, 10, 512, 16),
+                                                          (25, 10, 384, 16), (32, 8, 128, 16)])
 @pytest.mark.parametrize("with_map", [False, True])
 def test_moe_align(device, rng, tokens, top_k, experts, block_m, with_map):
     local = experts
@@ -157,6 +160,116 @@ def test_moe_align_reference_layout(rng):
         pairs = pairs[pairs < 150].long()
         assert pairs.numel() > 0 and (local[pairs] == block_experts[block]).all()
         assert torch.equal(pairs, pairs.sort().values)
+
+
+# The sizes a host sends: vLLM profiles a model with one forward of max_num_batched_tokens (8192-32768) tokens.
+HOST_TOKENS = [1, 7, 256, 4096, 8192, 16384, 32768, 65536]
+HOST_TOP_K = [1, 2, 8, 10]
+HOST_EXPERTS = [8, 60, 64, 128, 256, 384, 512]
+HOST_BLOCK_M = [16, 32, 64, 128]
+TILE_BOUND = 32768  # entries of any 2-D tile one program holds
+SMEM_LIMIT = 227 * 1024  # shared memory per program on H100/H200
+
+
+def test_moe_align_plan_tiles_are_bounded_at_every_size():
+    """Every program's tiles stay under a bound independent of the token count, at every size a host can send.  (The
+    old count kernel grew its one-hot tile with the pairs to cap the chunks at 256: 16384 tokens x top-8 x 128 experts
+    asked for 256 KiB of shared memory on an H200, 512 experts failed from 2048 tokens, and the layout and scatter
+    kernels held the whole [chunks, experts] count table.)"""
+    from atom_kernels.ops.moe_align import triton as align
+
+    worst = {}
+    for tokens, top_k, experts, block_m in itertools.product(HOST_TOKENS, HOST_TOP_K, HOST_EXPERTS, HOST_BLOCK_M):
+        pairs = tokens * top_k
+        p = align.plan(pairs, experts, block_m)
+        assert p.max_tile_entries <= TILE_BOUND, (tokens, top_k, experts, block_m, p.tile_entries)
+        assert p.shared_memory_bound <= SMEM_LIMIT, (tokens, top_k, experts, block_m, p)
+        assert p.pair_tile * p.experts_p2 <= align.MAX_TILE_ENTRIES
+        # every pair is in exactly one program's tiles, every row in one layout program's
+        assert p.chunks * p.chunk >= pairs > (p.chunks - 1) * p.chunk
+        assert p.tiles * p.rows >= max_blocks(pairs, experts, block_m) * block_m
+        assert p.rows % block_m == 0 and p.experts_p2 >= experts
+        assert max(p.grid.values()) < 2**31 - 1
+        if p.single:
+            assert pairs <= align.SINGLE_CHUNK_PAIRS and p.chunk >= pairs
+        else:
+            assert p.chunks <= align.MAX_CHUNKS
+            assert p.prefix_programs * p.expert_block == p.experts_p2
+            assert p.prefix_steps * p.chunk_step >= p.chunks
+        key = (experts, block_m)
+        worst[key] = max(worst.get(key, 0), p.max_tile_entries)
+    # 16384 tokens x top-8 x 128 experts, the size that failed in vLLM's profile run
+    p = align.plan(16384 * 8, 128, 64)
+    assert (p.pair_tile, p.chunk_tiles, p.chunks, p.shared_memory_bound) == (128, 1, 1024, 65536), p
+    assert max(worst.values()) <= align.MAX_TILE_ENTRIES
+
+
+def _check_align(rng, device, tokens, top_k, experts, block_m, with_map):
+    local, emap = experts, None
+    if with_map:
+        local = max(1, experts // 2)
+        emap, _ = _expert_map(rng, experts, local, device)
+    ids = torch.randint(0, experts, (tokens, top_k), generator=rng, dtype=torch.int32).to(device)
+    got = moe_align_block_size.call_backend("triton", ids, local, block_m, emap)
+    want = moe_align_block_size.call_backend("reference", ids, local, block_m, emap)
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w.cpu())
+    return ids, emap, local
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,block_m,with_map", [
+    (1040, 8, 128, 16, False),  # 65 chunks: the prefix kernel's loop takes 2 steps, its grid 2 expert blocks
+    (289, 8, 512, 32, False),  # 73 chunks of 32-pair tiles, 8 expert blocks
+    (301, 8, 512, 64, True),  # 256 local experts of 512: a third of the pairs left out
+])
+def test_moe_align_many_chunks(device, rng, tokens, top_k, experts, block_m, with_map):
+    """The multi-chunk path with its real tiles at sizes the interpreter runs in seconds."""
+    _check_align(rng, device, tokens, top_k, experts, block_m, with_map)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="enlarged tiles: interpreter-only (on a GPU they would not fit)")
+@pytest.mark.parametrize("tokens,top_k,experts,block_m,with_map", [
+    (8192, 8, 512, 16, True), (8191, 8, 512, 128, False), (4099, 8, 128, 16, False), (2053, 10, 60, 64, True),
+    (3001, 8, 384, 32, False),
+])
+def test_moe_align_chunk_loops(rng, monkeypatch, tokens, top_k, experts, block_m, with_map):
+    """Thousands of tokens with every loop of the multi-chunk path taken (a program over several one-hot tiles, the
+    prefix sum over several steps of chunks, several layout programs): the constants that bound the tiles are
+    changed so that the interpreter runs 8192 tokens x top-8 x 512 experts in seconds (its cost is per tile)."""
+    from atom_kernels.ops.moe_align import triton as align
+
+    for name, value in (("MAX_TILE_ENTRIES", 1 << 19), ("MAX_CHUNKS", 8), ("PREFIX_TILE_ENTRIES", 64),
+                        ("ROWS_PER_PROGRAM", 2048)):
+        monkeypatch.setattr(align, name, value)
+    p = align.plan(tokens * top_k, experts // 2 if with_map else experts, block_m)
+    assert p.chunk_tiles > 1 and p.prefix_steps > 1 and p.tiles > 1
+    _check_align(rng, torch.device("cpu"), tokens, top_k, experts, block_m, with_map)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("tokens,top_k,experts", [(16384, 8, 128), (16384, 8, 512), (32768, 8, 128), (32768, 8, 512),
+                                                  (65536, 10, 512)])
+@pytest.mark.parametrize("block_m", [16, 64, 128])
+def test_moe_align_host_size_cuda(rng, tokens, top_k, experts, block_m):
+    """The sizes vLLM's profile run sends (max_num_batched_tokens 16384-32768, and 65536 x top-10 for 512 experts),
+    with and without an expert map, and captured in a CUDA graph replayed on a new routing."""
+    _check_align(rng, "cuda", tokens, top_k, experts, block_m, False)
+    ids, emap, local = _check_align(rng, "cuda", tokens, top_k, experts, block_m, True)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        moe_align_block_size(ids, local, block_m, emap)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe_align_block_size.call_backend("triton", ids, local, block_m, emap)
+    ids.copy_(torch.randint(0, experts, ids.shape, generator=rng, dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = moe_align_block_size.call_backend("reference", ids, local, block_m, emap)
+    for g, w in zip(captured, want):
+        assert torch.equal(g, w)
 
 
 # ----------------------------------------------------------------------------------------- fused MoE

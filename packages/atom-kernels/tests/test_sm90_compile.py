@@ -249,3 +249,22 @@ def test_programmatic_dependent_launch(compiled, name):
         assert loads == {"LDGSTS.E.BYPASS.128": 4, "LDGSTS.E.64": 8}, loads
     else:
         assert not loads, loads
+
+
+ALIGN_EXPERTS = (8, 16, 32, 64, 128, 256, 512)
+
+
+@pytest.mark.parametrize("experts", ALIGN_EXPERTS)
+def test_moe_align_kernels_fit_at_host_sizes(compiled, experts):
+    """The MoE alignment kernels at the tiles they take for 65536 tokens x top-10 (and the single launch at 256 pairs)
+    compile within an H200 program's shared memory and without spills, within the bound ``plan`` states (the old
+    count kernel's tile grew with the tokens: 16384 x top-8 x 128 experts asked for 262144 bytes)."""
+    from atom_kernels.ops.moe_align.triton import plan
+
+    names = [f"moe_align_count_e{experts}", f"moe_align_prefix_e{experts}"]
+    names += [f"moe_align_{kernel}_e{experts}_m{m}" for kernel in ("place", "single") for m in (16, 128)]
+    for name in names:
+        case = _ok(compiled, name)
+        assert case["spill_bytes"] == 0, (name, case["registers"], case["spill_bytes"])
+        assert case["shared"] <= plan(65536 * 10, experts, 16).shared_memory_bound, (name, case["shared"])
+        assert case["sass"].get("ACQBULK") == 1, name  # PDL: waits for the previous kernel
