@@ -8,7 +8,7 @@ import torch
 from conftest import INTERPRET
 from helpers import assert_close, assert_graph_capturable, randn
 
-from atom_kernels import dispatch, mrope, rotary_embedding
+from atom_kernels import dispatch, mrope, rms_norm, rotary_embedding
 from atom_kernels.ops.mrope import triton as mrope_triton
 from atom_kernels.ops.mrope.reference import section_rows
 from atom_kernels.ops.mrope.triton import unsupported
@@ -186,6 +186,32 @@ def test_text_positions_are_plain_neox_rope(device, rng, backend):
         got_q, got_k = mrope.call_backend(backend, positions, q.clone(), k.clone(), cache, head_size, (6, 5, 5), interleaved)
         assert_close(got_q, want_q)
         assert_close(got_k, want_k)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim", [32, 16], ids=["full-rotary", "partial-rotary"])
+def test_one_row_section_with_norm_is_qk_norm_then_rope(device, rng, backend, dtype, rotary_dim):
+    """The call atom-core's RotaryEmbedding makes for Qwen3 (q/k norm fused): section (rotary_dim/2, 0, 0), 1-D
+    positions, q and k as views of the q|k|v rows, equals rms_norm per head then rotary_embedding; v untouched."""
+    num_tokens, num_heads, num_kv_heads, head_size = 11, 3, 1, 32
+    cache = randn(MAX_POS, rotary_dim, device=device, gen=rng)
+    positions = _positions(num_tokens, rng, device, rows=1)
+    qkv = randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, device=device, gen=rng).to(dtype)
+    q_w, k_w = (randn(head_size, device=device, gen=rng).to(dtype) for _ in range(2))
+    sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
+    want = qkv.clone()
+    q, k, _ = want.split(sizes, dim=-1)
+    q_n = rms_norm.call_backend("reference", q.reshape(-1, head_size), q_w, 1e-6).view(q.shape)
+    k_n = rms_norm.call_backend("reference", k.reshape(-1, head_size), k_w, 1e-6).view(k.shape)
+    q_r, k_r = rotary_embedding.call_backend("reference", positions, q_n, k_n, cache, head_size, True)
+    q.copy_(q_r)
+    k.copy_(k_r)
+    got = qkv.clone()
+    q, k, _ = got.split(sizes, dim=-1)
+    mrope.call_backend(backend, positions, q, k, cache, head_size, (rotary_dim // 2, 0, 0), False,
+                       q_weight=q_w, k_weight=k_w, eps=1e-6)
+    assert_close(got, want)
 
 
 def test_section_rows_of_published_configs():

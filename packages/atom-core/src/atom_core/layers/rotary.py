@@ -125,11 +125,28 @@ class RotaryEmbedding(nn.Module):
         cache = shared_cos_sin_cache(rope, rotary_dim, max_position, torch.get_default_device())
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None):
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None,
+                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
+        """Rotate q and k in place; with ``q_norm``/``k_norm`` (:class:`~atom_core.layers.norm.RMSNorm` of
+        ``head_size``; Qwen3) normalise each head first.  With NeoX halves both happen in one kernel: a plain
+        rotary embedding is an MRoPE whose frequencies all read the first (here the only) position row, and the
+        MRoPE kernel fuses the per-head norm and works on q and k where they lie (views of the q|k|v output)."""
+        if q_norm is None:
+            return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox)
+        if self.is_neox:
+            return mrope(positions, q, k, self.cos_sin_cache, self.head_size, (self.rotary_dim // 2, 0, 0), False,
+                         **_fused_norm(q_norm, k_norm))
+        q = q_norm(q.reshape(-1, self.head_size)).view(q.shape)
+        k = k_norm(k.reshape(-1, self.head_size)).view(k.shape)
         return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox)
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, neox={self.is_neox}"
+
+
+def _fused_norm(q_norm: nn.Module, k_norm: nn.Module) -> dict[str, Any]:
+    """The per-head RMSNorms of q and k as the MRoPE kernel's arguments (both norms share eps and offset)."""
+    return dict(q_weight=q_norm.weight, k_weight=k_norm.weight, eps=q_norm.eps, weight_offset=q_norm.weight_offset)
 
 
 class MRotaryEmbedding(RotaryEmbedding):
@@ -151,9 +168,7 @@ class MRotaryEmbedding(RotaryEmbedding):
                 q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
         """Rotate q and k in place; with ``q_norm``/``k_norm`` (:class:`~atom_core.layers.norm.RMSNorm` of
         ``head_size``) normalise each head first, in the same pass."""
-        norm = {} if q_norm is None else dict(
-            q_weight=q_norm.weight, k_weight=k_norm.weight, eps=q_norm.eps, weight_offset=q_norm.weight_offset
-        )
+        norm = {} if q_norm is None else _fused_norm(q_norm, k_norm)
         return mrope(positions, q, k, self.cos_sin_cache, self.head_size, self.mrope_section, self.interleaved, **norm)
 
     def extra_repr(self) -> str:

@@ -33,7 +33,7 @@ from atom_core.layers.gdn import QWEN3_NEXT_CHECKPOINT, GatedDeltaNet, GDNConfig
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.moe import SparseMoeBlock
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import MRotaryEmbedding, get_rope
+from atom_core.layers.rotary import get_rope
 from atom_core.loader.experts import with_experts
 from atom_core.models.base import CausalLM
 from atom_core.models.llama import DENSE_MAPPER, GatedMLP, MLPBuilder, _join
@@ -66,12 +66,7 @@ class GatedAttention(nn.Module):
         q_gate, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q_gate = q_gate.view(T, self.num_heads, 2, D)
         q, gate = q_gate[:, :, 0], q_gate[:, :, 1]
-        if isinstance(self.rotary_emb, MRotaryEmbedding):  # norms and rotation in one kernel, q in place beside its gate
-            q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
-        else:
-            q = self.q_norm(q.reshape(-1, D)).view(T, -1)
-            k = self.k_norm(k.reshape(-1, D)).view(T, -1)
-            q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)  # norms fused; q in place beside its gate
         out = self.attn(q.reshape(T, -1), k, v) * torch.sigmoid(gate.reshape(T, -1))
         return self.o_proj(out)
 
