@@ -8,7 +8,7 @@
    block products; then, still in registers, ``w = A (β e^G k̂)`` and ``u = A (β v)``.  A never goes to
    memory.  (``config["intra"]``: ``"fused"``; ``"solve"`` stores A and runs the separate ``_wu_kernel``;
    ``"split"`` is the first version, see :mod:`._split`.)
-2. ``_state`` (V block, sequence x value head): the sequential pass; per chunk it saves the incoming
+2. ``_state`` (sequence x value head x V block, one grid axis): the sequential pass; per chunk it saves the incoming
    state h for the output kernel, ``v' = u - w h`` and ``h = e^{G_last} h + k̂ᵀ (e^{G_last - G} v')``.
    Reads each sequence's initial state from its slot and writes the final one back.
 3. ``_out``   (chunk, value head, V block): ``o = scale (e^G (q̂ h) + (q̂ k̂ᵀ ⊙ Γ ⊙ causal) v')``.  The
@@ -363,11 +363,15 @@ def _state_kernel(
     BT: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, L2NORM: tl.constexpr, HAS_INIT: tl.constexpr,
     USE_WHILE: tl.constexpr, STAGES: tl.constexpr,
 ):
-    n = tl.program_id(1) // HV
-    hv = tl.program_id(1) % HV
+    # one grid axis (axis 1 stops at 65535: 2048 sequences x 32 value heads would pass it); V blocks vary
+    # fastest, as before, so the programs of one (sequence, head) run side by side and share its w/k reads
+    V_BLOCKS: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0)
+    n = pid // (V_BLOCKS * HV)
+    hv = (pid // V_BLOCKS) % HV
     hk = hv // GROUPS
     kc = tl.arange(0, BK)
-    vc = tl.program_id(0) * BV + tl.arange(0, BV)
+    vc = (pid % V_BLOCKS) * BV + tl.arange(0, BV)
     kmask = kc < K
     vmask = vc < V
     bos = tl.load(cu_ptr + n).to(tl.int64)
@@ -536,7 +540,7 @@ def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, ssm_state, cu_seqlens,
     ss_slot, ss_h, ss_k, ss_v = state_strides(ssm_state, state_layout)
     bv = min(cfg["state_BV"], BVF)
     init = has_initial_state if has_initial_state is not None else slots
-    _state_kernel[(triton.cdiv(V, bv), N * HV)](
+    _state_kernel[(triton.cdiv(V, bv) * N * HV,)](
         k, w, u, G, v_new, hbuf, ssm_state, cu_seqlens, slots, init, chunk_offsets,
         k.stride(0), k.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1), G.stride(0),
         v_new.stride(0), v_new.stride(1), hbuf.stride(0), hbuf.stride(1), hbuf.stride(2),
