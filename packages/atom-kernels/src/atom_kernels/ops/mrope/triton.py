@@ -57,6 +57,8 @@ def unsupported(positions, q, k, cos_sin_cache, head_size, mrope_section, interl
                 q_weight=None, k_weight=None, eps=1e-6, weight_offset=0.0) -> str | None:
     if cos_sin_cache.dim() != 2 or cos_sin_cache.dtype != torch.float32 or not cos_sin_cache.is_contiguous():
         return "cos_sin_cache must be a contiguous fp32 [max_position, rotary_dim] tensor"
+    if cos_sin_cache.numel() >= 2**31:
+        return "cos_sin_cache has 2**31 elements or more: the kernel indexes it with int32 position * rotary_dim"
     rotary_dim = cos_sin_cache.shape[-1]
     if rotary_dim % 2 or rotary_dim > head_size or head_size > MAX_HEAD_SIZE:
         return f"rotary_dim {rotary_dim} must be even and <= head_size {head_size} <= {MAX_HEAD_SIZE}"
@@ -83,7 +85,7 @@ def unsupported(positions, q, k, cos_sin_cache, head_size, mrope_section, interl
 def _section_positions(pos_ptr, pos_row_stride, token, pos_token_stride, freq, sec_t, sec_h, sec_w,
                        INTERLEAVED: tl.constexpr):
     """The position each frequency is rotated by: three scalar loads (time, height, width), then a select.
-    int32 (``launch`` checks the cache has fewer than 2**31 elements, so position * rotary_dim fits)."""
+    int32 (``unsupported`` requires the cache to have fewer than 2**31 elements, so position * rotary_dim fits)."""
     base = pos_ptr + token * pos_token_stride
     pos_t = tl.load(base, volatile=True).to(tl.int32)
     pos_h = tl.load(base + pos_row_stride, volatile=True).to(tl.int32)
