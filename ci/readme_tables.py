@@ -179,8 +179,52 @@ def h200_table(pins: dict) -> str:
     return "\n".join(out) if out else "_No H200 results committed yet._"
 
 
+def _e2e_runs() -> list[tuple[str, dict]]:
+    """(file name, report) of every ``python -m atom_vllm.bench`` report in the newest H200 folder holding one."""
+    import json
+
+    for folder in sorted(RESULTS.glob("*-h200"), reverse=True):
+        reports = [(path.name, data) for path in sorted(folder.glob("*.json"))
+                   if isinstance(data := json.loads(path.read_text()), dict) and "models" in data and "vllm" in data]
+        if reports:
+            return [(f"{folder.name}/{name}", data) for name, data in reports]
+    return []
+
+
+def vllm_e2e_table(pins: dict) -> str:
+    out = ["| model (random weights) | batch | vLLM's class tok/s (min-max) | ATOM's class tok/s (min-max) | ATOM / vLLM "
+           "| TPOT ms vLLM / ATOM | TTFT ms vLLM / ATOM | start-up s vLLM / ATOM | run |", "|---|---|---|---|---|---|---|---|---|"]
+    starts = []
+    for name, report in _e2e_runs():
+        for entry in report["models"]:
+            impls = entry["impls"]
+            if set(impls) != {"vllm", "atom"}:
+                starts += [f"{entry['model']} ({entry['layers']} layers), max_num_batched_tokens "
+                           f"{report['settings']['max_num_batched_tokens']}: {impl} started in {r['startup_s']} s"
+                           for impl, r in impls.items()]
+                continue
+            v, a = impls["vllm"], impls["atom"]
+            for batch in sorted(a["batches"], key=int):
+                bv, ba = v["batches"][batch], a["batches"][batch]
+                tv, ta = bv["output_tok_per_s"], ba["output_tok_per_s"]
+                out.append(f"| {entry['model']} ({entry['layers']} layers) | {batch} | {tv['median']:.0f} ({tv['min']:.0f}-"
+                           f"{tv['max']:.0f}) | {ta['median']:.0f} ({ta['min']:.0f}-{ta['max']:.0f}) | "
+                           f"**{ta['median'] / tv['median']:.2f}** | {bv['tpot_ms']['median']:.2f} / "
+                           f"{ba['tpot_ms']['median']:.2f} | {bv['ttft_ms']['median']:.0f} / {ba['ttft_ms']['median']:.0f}"
+                           f" | {v['startup_s']} / {a['startup_s']} | `{name}`: {report.get('note', '')} |")
+    if len(out) == 2:
+        return "_No end-to-end H200 results committed yet._"
+    first = _e2e_runs()[0][1]
+    head = (f"{first['gpu']}, vLLM {first['vllm']}, torch {first['torch']}, {first['date'][:10]}; bf16, prompt "
+            f"{first['settings']['prompt_len']} / output {first['settings']['output_len']} tokens, `ignore_eos`, "
+            f"max_num_batched_tokens {first['settings']['max_num_batched_tokens']}, median of "
+            f"{first['settings']['repeats']} runs (min-max).")
+    return "\n".join([head, "", *out, *(["", *(f"- {s}" for s in starts)] if starts else [])])
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "models": models_table, "core-pins": core_pins_table, "vllm": vllm_table, "h200": h200_table,
+    "vllm-e2e": vllm_e2e_table,
 }
 
 
