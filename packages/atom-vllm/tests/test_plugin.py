@@ -123,10 +123,12 @@ def test_unsupported_version_stops_vllm_startup(plugin_loading, monkeypatch):
     from atom_vllm import compat, plugin
     from atom_vllm.tested import supported_range
 
-    monkeypatch.setattr(vllm, "__version__", "0.26.0")
+    lowest = supported_range().lowest
+    below = f"{lowest.major}.{lowest.minor - 1}.0"  # the minor release before the oldest tested one
+    monkeypatch.setattr(vllm, "__version__", below)
     with pytest.raises(compat.UnsupportedVllmVersion) as err:
         plugin_loading.load_general_plugins()
-    assert f"supports vLLM {supported_range()}" in str(err.value) and "this is vLLM 0.26.0" in str(err.value)
+    assert f"supports vLLM {supported_range()}" in str(err.value) and f"this is vLLM {below}" in str(err.value)
     monkeypatch.setattr(plugin_loading, "plugins_loaded", False)
     monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "1")
     plugin_loading.load_general_plugins()

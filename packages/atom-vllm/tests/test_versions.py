@@ -74,15 +74,18 @@ def test_unsupported_version_message(monkeypatch):
 
 @pytest.mark.parametrize("version, module", [
     ("0.11.2", "vllm.attention"), ("0.12.0", "vllm.attention.layer"), ("0.15.1", "vllm.attention.layer"),
-    ("0.16.0", "vllm.model_executor.layers.attention"), ("0.32.0+cpu", "vllm.model_executor.layers.attention"),
+    ("0.16.0", "vllm.model_executor.layers.attention"), ("0.26.0", "vllm.model_executor.layers.attention"),
+    ("0.32.0+cpu", "vllm.model_executor.layers.attention"), ("0.34.0", "vllm.model_executor.layers.attention"),
 ])
 def test_attention_location_by_version(version, module):
     assert compat.attention_module(version) == module
 
 
 def test_pp_protocol_drift():
+    assert compat.pp_needs_make_empty_intermediate_tensors("0.26.0")
     assert compat.pp_needs_make_empty_intermediate_tensors("0.27.1")
     assert not compat.pp_needs_make_empty_intermediate_tensors("0.28.0")
+    assert not compat.pp_needs_make_empty_intermediate_tensors("0.34.0")
 
 
 def _spec(name: str, *caps: str) -> catalog.ArchSpec:

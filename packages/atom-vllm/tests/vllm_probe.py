@@ -16,6 +16,7 @@ import argparse
 import importlib
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,6 +49,58 @@ def resolve(dirs: list[str], inspect: bool = True) -> list[dict]:
             flags["uses_mrope"] = bool(config.uses_mrope)
         out.append({"dir": model_dir, "arch": arch, "module": cls.__module__, "qualname": cls.__qualname__, "flags": flags})
     return out
+
+
+CPU_PLATFORM_PLUGIN = "atom_vllm_test_cpu_platform"
+# Its entry point: vLLM's CPU platform, where vLLM's own detection finds none (official wheels < 0.28).
+CPU_PLATFORM_CODE = """
+def activate():
+    from vllm.platforms import cpu_platform_plugin
+
+    return None if cpu_platform_plugin() is not None else "vllm.platforms.cpu.CpuPlatform"
+"""
+
+
+def _force_cpu_platform() -> None:
+    """Official (CUDA-only) wheels build models here on vLLM's CPU platform.  From 0.28 vLLM picks it itself
+    when ``VLLM_TARGET_DEVICE=cpu`` (the nox session sets it; vLLM then asks no platform plugin); official
+    0.26.0 and 0.27.x ignore that variable and detect no platform on a machine without a GPU, so a test-only
+    ``vllm.platform_plugins`` entry point (vLLM's mechanism for out-of-tree platforms: a distribution found
+    on ``sys.path``) returns ``vllm.platforms.cpu.CpuPlatform`` where vLLM's own CPU detection answers None.
+    Must run before vLLM is imported (importing it resolves ``current_platform`` on 0.26); on PYTHONPATH
+    too, for the processes vLLM starts."""
+    root = Path(tempfile.mkdtemp(prefix="atom-vllm-cpu-platform-"))
+    (root / f"{CPU_PLATFORM_PLUGIN}.py").write_text(CPU_PLATFORM_CODE)
+    info = root / f"{CPU_PLATFORM_PLUGIN}-0.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {CPU_PLATFORM_PLUGIN}\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text(f"[vllm.platform_plugins]\natom_test_cpu = {CPU_PLATFORM_PLUGIN}:activate\n")
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+
+
+def _cpu_platform_without_triton() -> None:
+    """vLLM's CPU platform wants triton-cpu on x86 for its kernels (``HAS_TRITON``, false here: a CUDA wheel's
+    Triton finds no active driver on a CPU-only machine): up to 0.33 it warns at config time, from 0.34 its
+    ``check_and_update_config`` raises.  Construction and weight loading run none of vLLM's kernels (the CPU
+    platform only stands in for the GPU an official wheel expects), so that one check is told Triton is
+    there, only for the duration of the call (modules that import ``HAS_TRITON`` keep vLLM's own answer)."""
+    import vllm.triton_utils
+    from vllm.platforms import current_platform
+
+    if vllm.triton_utils.HAS_TRITON or not current_platform.is_cpu():
+        return
+    platform = type(current_platform)
+    original = platform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config):
+        vllm.triton_utils.HAS_TRITON = True
+        try:
+            return original(cls, vllm_config)
+        finally:
+            vllm.triton_utils.HAS_TRITON = False
+
+    platform.check_and_update_config = classmethod(check_and_update_config)
 
 
 def _init_distributed() -> None:
@@ -95,7 +148,7 @@ def _spot_checks(params: dict, state: dict) -> dict:
 # vLLM's qwen3_5.py (Qwen3_5*ForConditionalGeneration) imports Qwen3-VL's processors, which need torchvision
 # (absent beside a CPU torch); its get_mamba_state_{shape,dtype}_from_config and get_mamba_state_copy_func
 # are Qwen3-Next's (MambaStateShapeCalculator.gated_delta_net_state_shape over hf_text_config, ...) in
-# every pinned release (0.27.1 - 0.33.0).
+# every pinned release (0.26.0 - 0.34.0).
 SAME_STATE_CONTRACT = {
     "Qwen3_5ForConditionalGeneration": "Qwen3NextForCausalLM",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3NextForCausalLM",
@@ -247,6 +300,8 @@ def _multimodal_checks(model, model_dir: str) -> dict:
 def construct(dirs: list[str]) -> list[dict]:
     """Build each model the way vLLM's loader does, with every parameter first filled with NaN, then let
     vLLM's DefaultModelLoader feed its weight iterator to the model's load_weights."""
+    _force_cpu_platform()
+    _cpu_platform_without_triton()
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs

