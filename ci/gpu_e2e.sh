@@ -30,6 +30,4 @@ export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # collective_rpc with Python functio
 export PYTHONUNBUFFERED=1
 # vLLM caches the capability flags of plugin classes keyed by atom_vllm/models.py alone: a fresh cache per run.
 export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$(mktemp -d "${TMPDIR:-/tmp}/vllm-cache.XXXXXX")}"
-# vLLM 0.26.0 (the newest release pinning that machine's torch 2.11.0) is below atom-vllm's tested range.
-export ATOM_VLLM_ALLOW_UNSUPPORTED="${ATOM_VLLM_ALLOW_UNSUPPORTED:-1}"
 exec "$PY" -m atom_vllm.bench "$@"
