@@ -195,7 +195,8 @@ def vllm_e2e_table(pins: dict) -> str:
     out = ["| model (random weights) | batch | vLLM's class tok/s (min-max) | ATOM's class tok/s (min-max) | ATOM / vLLM "
            "| TPOT ms vLLM / ATOM | TTFT ms vLLM / ATOM | start-up s vLLM / ATOM | run |", "|---|---|---|---|---|---|---|---|---|"]
     starts = []
-    for name, report in _e2e_runs():
+    runs = _e2e_runs()
+    for name, report in runs:
         for entry in report["models"]:
             impls = entry["impls"]
             if set(impls) != {"vllm", "atom"}:
@@ -214,7 +215,7 @@ def vllm_e2e_table(pins: dict) -> str:
                            f" | {v['startup_s']} / {a['startup_s']} | `{name}`: {report.get('note', '')} |")
     if len(out) == 2:
         return "_No end-to-end H200 results committed yet._"
-    first = _e2e_runs()[0][1]
+    first = runs[0][1]
     head = (f"{first['gpu']}, vLLM {first['vllm']}, torch {first['torch']}, {first['date'][:10]}; bf16, prompt "
             f"{first['settings']['prompt_len']} / output {first['settings']['output_len']} tokens, `ignore_eos`, "
             f"max_num_batched_tokens {first['settings']['max_num_batched_tokens']}, median of "

@@ -7,23 +7,24 @@ and vLLM captures them in piecewise CUDA graphs (mixed prefill/decode batches) b
 reach the traced graph as opaque ``torch.ops.atom`` custom ops (:mod:`atom_kernels.library`).
 
 The decorator goes on the generated wrapper class itself (its ``forward`` is the model's forward), as vLLM's
-Transformers backend does with the classes it wraps.  Hybrid models are left out: their GDN layers read vLLM's
-mamba metadata in Python during the forward, which a traced graph would freeze; they run eagerly between
-full-model CUDA graphs as before.
+Transformers backend does with the classes it wraps.  Only text-only architectures get it.  Hybrid models are
+left out because their GDN layers read vLLM's mamba metadata in Python during the forward, which a traced graph
+would freeze; multimodal ones because their forward (deepstack inputs, MRoPE positions) has not been traced and
+checked yet.  Both run eagerly between full-model CUDA graphs as before.
 """
 
 from __future__ import annotations
 
 from atom_core import catalog
-from atom_core.catalog import HYBRID
+from atom_core.catalog import TEXT
 
 # The dims vLLM treats as the (symbolic) token count: positions is [T] or, with MRoPE, [3, T].
 DYNAMIC_ARG_DIMS = {"input_ids": 0, "positions": -1, "intermediate_tensors": 0, "inputs_embeds": 0}
 
 
 def compiles(spec: catalog.ArchSpec) -> bool:
-    """Whether vLLM compiles the wrapper of ``spec`` (see the module docstring for why hybrids do not)."""
-    return HYBRID not in spec.capabilities
+    """Whether vLLM compiles the wrapper of ``spec``: text-only architectures (see the module docstring)."""
+    return spec.capabilities == frozenset({TEXT})
 
 
 def support_torch_compile(cls: type) -> type:
