@@ -4,7 +4,9 @@ implementations and kernel tables from profiler traces.  The GPU runs themselves
 import gzip
 import json
 
-from atom_vllm.bench import compare_agreement, kernel_table, summarize
+import pytest
+
+from atom_vllm.bench import compare_agreement, kernel_table, main, summarize
 
 
 def test_summarize_states_median_and_spread():
@@ -30,8 +32,24 @@ def test_agreement_counts_divergence_and_compares_logprobs_only_on_shared_tokens
 
 def test_kernel_table_sums_gpu_time_per_kernel(tmp_path):
     events = [{"cat": "kernel", "name": "gemm", "dur": 3.0}, {"cat": "kernel", "name": "gemm", "dur": 2.0},
-              {"cat": "cpu_op", "name": "aten::mm", "dur": 50.0}, {"cat": "gpu_memcpy", "name": "copy", "dur": 1.0}]
+              {"cat": "cpu_op", "name": "aten::mm", "dur": 50.0}, {"cat": "gpu_memcpy", "name": "copy", "dur": 1.0},
+              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "dur": 4.0},
+              {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 4.0},
+              {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 4.0},
+              {"cat": "cuda_runtime", "name": "cudaFuncGetAttributes", "dur": 1.0}]
     with gzip.open(tmp_path / "rank0.pt.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events[:2]}, f)
     (tmp_path / "rank1.pt.trace.json").write_text(json.dumps({"traceEvents": events[2:]}))
-    assert kernel_table(tmp_path) == {"total_us": 6.0, "kernels": [["gemm", 5.0], ["copy", 1.0]]}
+    assert kernel_table(tmp_path) == {"total_us": 6.0, "host_calls": {"cudaGraphLaunch": 1, "cudaLaunchKernel": 2},
+                                      "kernels": [["gemm", 5.0], ["copy", 1.0]]}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "qwen3-9b"], "unknown model, implementation or format: qwen3-9b"),
+    (["--formats", "int3"], "unknown model, implementation or format: int3"),
+    (["--checkpoint", "smol=/nonexistent"], "--checkpoint: no config.json in /nonexistent"),
+])
+def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main([*argv, "--out", "unused.json"])
+    assert message in capsys.readouterr().err

@@ -34,7 +34,16 @@ SHAPES = {
     "MixtralForCausalLM": dict(hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
                                num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32000,
                                max_position_embeddings=32768, sliding_window=None),  # Mixtral-8x7B
+    "Qwen3NextForCausalLM": dict(hidden_size=2048, intermediate_size=5120, moe_intermediate_size=512,
+                                 shared_expert_intermediate_size=512, num_experts=512, num_experts_per_tok=10,
+                                 norm_topk_prob=True, mlp_only_layers=[], num_attention_heads=16,
+                                 num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+                                 linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                                 linear_conv_kernel_dim=4, partial_rotary_factor=0.25, rope_theta=10_000_000.0,
+                                 vocab_size=151936, max_position_embeddings=262144),  # Qwen3-Next-80B-A3B
 }
+# Hybrid layer schedules of the real models (every 4th layer full attention), cut to the bench's layer count.
+LAYER_TYPES = {"Qwen3NextForCausalLM": ["linear_attention"] * 3 + ["full_attention"]}
 
 
 def _sync(device: str) -> None:
@@ -56,7 +65,11 @@ def _wall(fn, device: str, reps: int) -> float:
 
 def write_checkpoint(arch: str, layers: int, out: Path, dtype: torch.dtype, device: str, shape: dict | None = None) -> Path:
     spec = catalog.get(arch)
-    config = tiny_config(arch, num_hidden_layers=layers, **(shape if shape is not None else SHAPES[arch]))
+    shape = dict(shape if shape is not None else SHAPES[arch])
+    if arch in LAYER_TYPES and "layer_types" not in shape:
+        pattern = LAYER_TYPES[arch]
+        shape["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
+    config = tiny_config(arch, num_hidden_layers=layers, **shape)
     with torch.device(device):
         model = spec.hf_model_class()(config).to(dtype)
     model.save_pretrained(str(out))

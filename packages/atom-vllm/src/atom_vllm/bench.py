@@ -1,8 +1,10 @@
 """End to end inside vLLM on a GPU: ATOM's model classes against vLLM's own, same checkpoint, same engine.
 
-``python -m atom_vllm.bench --models qwen3-8b,qwen3-30b-a3b --out e2e.json``
+``python -m atom_vllm.bench --models qwen3-8b,qwen3-30b-a3b --formats bf16,fp8-block --out e2e.json``
 
-For each model a random-weight checkpoint of the real shape (few layers) is written once; then, for each
+For each model a random-weight checkpoint of the real shape (few layers) is written once, in bf16 and in each
+other format of ``--formats`` (``atom quantize``'s output, which both implementations load: the same bytes);
+``--checkpoint NAME=DIR`` adds a real checkpoint as it is.  Then, for each model, format and
 implementation, one engine process runs ``LLM.generate`` with vLLM's defaults (CUDA graphs, torch.compile,
 chunked prefill, prefix caching) and ``max_num_batched_tokens``:
 
@@ -12,7 +14,8 @@ chunked prefill, prefix caching) and ``max_num_batched_tokens``:
   tokens (``ignore_eos``): output tokens/s = batch * output_len / time, TPOT = (time - TTFT) / (output_len - 1);
 * start-up: ``LLM(...)`` construction (weights, profiling, compilation, CUDA-graph capture);
 * optionally (``--profile``) GPU kernel time per kernel name, from vLLM's torch profiler, over one run of the
-  first batch size with short prompts (mostly decode steps).
+  first batch size with short prompts (mostly decode steps), beside that run's wall time and its count of
+  CUDA-graph and kernel launches from the host (GPU idle time and eager launches show as a gap between the two).
 
 The implementation is chosen with atom-vllm's own switch (``ATOM_DISABLE_VLLM_PLUGIN=1`` gives vLLM's
 classes); the engine's module is recorded so a row cannot silently measure the wrong one.
@@ -38,7 +41,13 @@ MODELS: dict[str, tuple[str, int]] = {
     "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 6),
     "llama3-8b": ("LlamaForCausalLM", 8),
     "mixtral-8x7b": ("MixtralForCausalLM", 4),
+    "qwen3-next-80b-a3b": ("Qwen3NextForCausalLM", 4),
 }
+# Engine arguments a model needs, given to both implementations.  vLLM's own Qwen3-Next takes FlashInfer's
+# JIT-compiled GDN prefill on Hopper by default; the Triton (flash-linear-attention) one needs no compiler
+# on the machine and FlashInfer is not part of the offline bundle.  ATOM's class ignores the setting.
+ENGINE_ARGS: dict[str, dict] = {"qwen3-next-80b-a3b": {"additional_config": {"gdn_prefill_backend": "triton"}}}
+FORMATS = ("bf16", "fp8-block", "ptpc-fp8", "mxfp4")  # bf16 as written; the rest through atom quantize
 IMPLS: dict[str, dict[str, str]] = {"vllm": {"ATOM_DISABLE_VLLM_PLUGIN": "1"}, "atom": {"ATOM_DISABLE_VLLM_PLUGIN": "0"}}
 # every engine: llm.apply_model ships a function to the worker (vLLM refuses pickled callables otherwise)
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
@@ -74,7 +83,7 @@ def run_engine(job: dict) -> dict:
                                                   ignore_frontend=True)
     began = time.perf_counter()
     llm = LLM(model=job["model_dir"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
-              max_num_batched_tokens=job["max_num_batched_tokens"], **extra)
+              max_num_batched_tokens=job["max_num_batched_tokens"], **job.get("engine_args", {}), **extra)
     startup = time.perf_counter() - began
     module = llm.apply_model(model_module)[0]
 
@@ -84,7 +93,8 @@ def run_engine(job: dict) -> dict:
         results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return results, time.perf_counter() - start
 
-    fixed = [p[: 16 + 13 * i] for i, p in enumerate(random_prompts(vocab, AGREEMENT_PROMPTS, 256, seed=1))]
+    fixed = job.get("agreement_prompts") or [
+        p[: 16 + 13 * i] for i, p in enumerate(random_prompts(vocab, AGREEMENT_PROMPTS, 256, seed=1))]
     results, _ = generate(fixed, AGREEMENT_TOKENS, logprobs=0, prompt_logprobs=0)
     agreement = [{
         "tokens": list(r.outputs[0].token_ids),
@@ -101,25 +111,36 @@ def run_engine(job: dict) -> dict:
             _, total = generate(random_prompts(vocab, batch, plen, seed=100 * batch + 2 * rep + 1), olen)
             runs.append({"batch": batch, "repeat": rep, "ttft_s": ttft, "total_s": total})
 
+    profiled_s = None
     if job.get("profile_dir"):  # vLLM's profiler runs once per engine: one decode-dominated run
         llm.start_profile()
-        generate(random_prompts(vocab, job["batches"][0], PROFILE_PROMPT_LEN, seed=7), PROFILE_OUTPUT_LEN)
+        _, profiled_s = generate(random_prompts(vocab, job["batches"][0], PROFILE_PROMPT_LEN, seed=7), PROFILE_OUTPUT_LEN)
         llm.stop_profile()
-    return {"module": module, "startup_s": startup, "agreement": agreement, "runs": runs}
+    return {"module": module, "startup_s": startup, "agreement": agreement, "runs": runs, "profiled_s": profiled_s}
 
 
 # ---- the comparison ------------------------------------------------------------------------------------------
+LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
+                "cudaMemcpyAsync", "cudaStreamSynchronize")
+
+
 def kernel_table(profile_dir: Path, top: int = 30) -> dict:
-    """GPU time per kernel name (µs, summed) over the profiler traces under ``profile_dir``."""
+    """GPU time per kernel name (µs, summed) over the profiler traces under ``profile_dir``, and how often the
+    host called each CUDA launch entry point of ``LAUNCH_CALLS`` (kernels replayed from a CUDA graph count
+    once, as its ``cudaGraphLaunch``)."""
     totals: dict[str, float] = {}
+    calls: dict[str, int] = {}
     for trace in sorted(profile_dir.rglob("*.json*")):
         with (gzip.open(trace, "rt") if trace.suffix == ".gz" else open(trace)) as f:
             events = json.load(f).get("traceEvents", [])
         for e in events:
             if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
                 totals[e["name"]] = totals.get(e["name"], 0.0) + float(e.get("dur", 0.0))
+            elif e.get("cat") == "cuda_runtime" and e.get("name") in LAUNCH_CALLS:
+                calls[e["name"]] = calls.get(e["name"], 0) + 1
     ranked = sorted(totals.items(), key=lambda kv: -kv[1])
-    return {"total_us": round(sum(totals.values()), 1), "kernels": [[n[:120], round(t, 1)] for n, t in ranked[:top]]}
+    return {"total_us": round(sum(totals.values()), 1), "host_calls": calls,
+            "kernels": [[n[:120], round(t, 1)] for n, t in ranked[:top]]}
 
 
 def compare_agreement(ref: list[dict], other: list[dict]) -> dict:
@@ -156,15 +177,79 @@ def engine_subprocess(impl: str, job: dict, workdir: Path) -> dict:
     return json.loads(out_file.read_text())
 
 
+# Agreement prompts for a real checkpoint (its tokenizer encodes them); random-weight ones use random tokens.
+TEXT_PROMPTS = ("The capital of France is", "Water boils at a temperature of",
+                "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                "The three primary colors are", "In 1969, the first humans to walk on the Moon were",
+                "A haiku about autumn:\n", "Translate to French: I would like a cup of coffee.\n",
+                "The largest planet in the solar system is")
+
+
+def text_prompts(model_dir: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return [tokenizer(p)["input_ids"] for p in TEXT_PROMPTS]
+
+
+def model_checkpoints(arch: str, layers: int, formats: list[str], workdir: Path):
+    """Yield ``(format, directory)``: the bf16 random checkpoint, then ``atom quantize``'s copy per format."""
+    import torch
+
+    from atom_core.bench import write_checkpoint
+    from atom_core.quant.quantize import quantize_checkpoint
+
+    bf16 = write_checkpoint(arch, layers, workdir / "bf16", torch.bfloat16, "cuda")
+    torch.cuda.empty_cache()
+    for fmt in formats:
+        if fmt == "bf16":
+            yield fmt, bf16
+        else:
+            yield fmt, quantize_checkpoint(bf16, workdir / fmt, fmt, device="cuda")
+            torch.cuda.empty_cache()
+
+
+def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], args: argparse.Namespace,
+            engine_args: dict, agreement_prompts: list[list[int]] | None = None) -> dict:
+    """Run each implementation's engine on ``model_dir``; ``entry`` gains per-implementation results and the
+    agreement of ATOM's with vLLM's."""
+    entry["impls"] = {}
+    for impl in impls:
+        workdir = model_dir.parent
+        profile_dir = workdir / f"profile-{model_dir.name}-{impl}" if args.profile else None
+        job = {"model_dir": str(model_dir), "batches": batches, "prompt_len": args.prompt_len,
+               "output_len": args.output_len, "repeats": args.repeats,
+               "max_num_batched_tokens": args.max_num_batched_tokens, "engine_args": engine_args,
+               "agreement_prompts": agreement_prompts, "profile_dir": str(profile_dir) if profile_dir else None}
+        out = engine_subprocess(impl, job, workdir)
+        result = {"module": out["module"], "startup_s": round(out["startup_s"], 1),
+                  "batches": {str(b): summarize(out["runs"], b, args.output_len) for b in batches},
+                  "agreement_raw": out["agreement"]}
+        if profile_dir:
+            result["kernels"] = {"batch": batches[0], "prompt_len": PROFILE_PROMPT_LEN,
+                                 "output_len": PROFILE_OUTPUT_LEN, "wall_us": round(out["profiled_s"] * 1e6, 1),
+                                 **kernel_table(profile_dir)}
+        entry["impls"][impl] = result
+    if "vllm" in entry["impls"] and "atom" in entry["impls"]:
+        entry["agreement"] = compare_agreement(entry["impls"]["vllm"]["agreement_raw"],
+                                               entry["impls"]["atom"]["agreement_raw"])
+    for result in entry["impls"].values():
+        result.pop("agreement_raw")
+    return entry
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m atom_vllm.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="qwen3-8b,qwen3-30b-a3b")
     parser.add_argument("--impls", default="vllm,atom")
+    parser.add_argument("--formats", default="bf16", help=f"weight formats of the random checkpoints: {', '.join(FORMATS)}")
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR",
+                        help="also compare on a real checkpoint (agreement on text prompts its tokenizer encodes)")
     parser.add_argument("--layers", type=int, default=None, help="override each model's layer count")
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--profile", action="store_true", help="kernel times of the first batch size")
     parser.add_argument("--workdir", default=None, help="where checkpoints go (default: a temporary directory)")
@@ -180,47 +265,40 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import vllm
 
-    from atom_core.bench import write_checkpoint
-
     impls = args.impls.split(",")
-    unknown = [i for i in impls if i not in IMPLS] + [m for m in args.models.split(",") if m not in MODELS]
+    names = [m for m in args.models.split(",") if m]
+    formats = args.formats.split(",")
+    real = dict(item.split("=", 1) for item in args.checkpoint)
+    unknown = ([i for i in impls if i not in IMPLS] + [m for m in names if m not in MODELS]
+               + [f for f in formats if f not in FORMATS])
     if unknown:
-        parser.error(f"unknown model or implementation: {', '.join(unknown)} (models: {', '.join(MODELS)}; "
-                     f"implementations: {', '.join(IMPLS)})")
+        parser.error(f"unknown model, implementation or format: {', '.join(unknown)} (models: {', '.join(MODELS)}; "
+                     f"implementations: {', '.join(IMPLS)}; formats: {', '.join(FORMATS)})")
+    missing = [d for d in real.values() if not (Path(d) / "config.json").is_file()]
+    if missing:
+        parser.error(f"--checkpoint: no config.json in {', '.join(missing)}")
     batches = [int(b) for b in args.batches.split(",")]
     report = {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
               "vllm": vllm.__version__, "torch": torch.__version__, "command": " ".join(sys.argv),
+              "atom_commit": os.environ.get("ATOM_COMMIT"),
               "settings": {"dtype": "bfloat16", "prompt_len": args.prompt_len, "output_len": args.output_len,
                            "repeats": args.repeats, "max_num_batched_tokens": args.max_num_batched_tokens,
                            "engine": "LLM.generate, vLLM defaults (CUDA graphs + torch.compile), ignore_eos"},
               "models": []}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        for name in args.models.split(","):
+        for name in names:
             arch, layers = MODELS[name]
             layers = args.layers or layers
-            workdir = Path(tmp) / name
-            model_dir = write_checkpoint(arch, layers, workdir / "ckpt", torch.bfloat16, "cuda")
-            torch.cuda.empty_cache()
-            entry = {"model": name, "arch": arch, "layers": layers, "impls": {}}
-            for impl in impls:
-                profile_dir = workdir / f"profile-{impl}" if args.profile else None
-                job = {"model_dir": str(model_dir), "batches": batches, "prompt_len": args.prompt_len,
-                       "output_len": args.output_len, "repeats": args.repeats,
-                       "max_num_batched_tokens": args.max_num_batched_tokens,
-                       "profile_dir": str(profile_dir) if profile_dir else None}
-                out = engine_subprocess(impl, job, workdir)
-                result = {"module": out["module"], "startup_s": round(out["startup_s"], 1),
-                          "batches": {str(b): summarize(out["runs"], b, args.output_len) for b in batches},
-                          "agreement_raw": out["agreement"]}
-                if profile_dir:
-                    result["kernels"] = kernel_table(profile_dir)
-                entry["impls"][impl] = result
-            if "vllm" in entry["impls"] and "atom" in entry["impls"]:
-                entry["agreement"] = compare_agreement(entry["impls"]["vllm"]["agreement_raw"],
-                                                       entry["impls"]["atom"]["agreement_raw"])
-            for result in entry["impls"].values():
-                result.pop("agreement_raw")
-            report["models"].append(entry)
+            for fmt, model_dir in model_checkpoints(arch, layers, formats, Path(tmp) / name):
+                entry = {"model": name, "arch": arch, "layers": layers, "format": fmt}
+                report["models"].append(compare(entry, model_dir, impls, batches, args, ENGINE_ARGS.get(name, {})))
+                Path(args.out).write_text(json.dumps(report, indent=1))
+        for name, model_dir in real.items():
+            config = json.loads((Path(model_dir) / "config.json").read_text())
+            entry = {"model": name, "arch": config["architectures"][0], "layers": config["num_hidden_layers"],
+                     "format": "real weights"}
+            prompts = text_prompts(Path(model_dir))
+            report["models"].append(compare(entry, Path(model_dir), impls, batches, args, {}, prompts))
             Path(args.out).write_text(json.dumps(report, indent=1))
     print_table(report)
     return 0
@@ -228,21 +306,25 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(report: dict) -> None:
     print(f"{report['gpu']}, vLLM {report['vllm']}, {report['date']}")
-    print(f"{'model':16} {'batch':>5} {'impl':>5} {'tok/s (min-max)':>24} {'TPOT ms':>8} {'TTFT ms':>9} {'startup':>8}")
+    print(f"{'model':28} {'batch':>5} {'impl':>5} {'tok/s (min-max)':>24} {'TPOT ms':>8} {'TTFT ms':>9} {'startup':>8}")
     for entry in report["models"]:
+        label = f"{entry['model']} {entry.get('format', 'bf16')}"
         for impl, result in entry["impls"].items():
             for batch, row in result["batches"].items():
                 t = row["output_tok_per_s"]
-                print(f"{entry['model']:16} {batch:>5} {impl:>5} {t['median']:>10.0f} ({t['min']:.0f}-{t['max']:.0f})"
+                print(f"{label:28} {batch:>5} {impl:>5} {t['median']:>10.0f} ({t['min']:.0f}-{t['max']:.0f})"
                       f"{row['tpot_ms']['median']:>8.2f} {row['ttft_ms']['median']:>9.1f} {result['startup_s']:>8.1f}")
+            if "kernels" in result:
+                k = result["kernels"]
+                print(f"{label}: {impl} profiled run {k['wall_us'] / 1e3:.1f} ms wall, {k['total_us'] / 1e3:.1f} ms GPU "
+                      f"kernels, host calls {k['host_calls']}")
         if "agreement" in entry:
-            print(f"{entry['model']}: agreement {entry['agreement']}")
+            print(f"{label}: agreement {entry['agreement']}")
         if {"vllm", "atom"} <= set(entry["impls"]):
             ratios = [entry["impls"]["atom"]["batches"][b]["output_tok_per_s"]["median"]
                       / entry["impls"]["vllm"]["batches"][b]["output_tok_per_s"]["median"]
                       for b in entry["impls"]["atom"]["batches"]]
-            print(f"{entry['model']}: ATOM / vLLM " + " / ".join(f"{r:.2f}" for r in ratios))
-
+            print(f"{label}: ATOM / vLLM " + " / ".join(f"{r:.2f}" for r in ratios))
 
 if __name__ == "__main__":
     raise SystemExit(main())
