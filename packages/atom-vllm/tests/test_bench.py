@@ -31,8 +31,9 @@ def test_agreement_counts_divergence_and_compares_logprobs_only_on_shared_tokens
 
 
 def test_kernel_table_sums_gpu_time_per_kernel(tmp_path):
-    events = [{"cat": "kernel", "name": "gemm", "dur": 3.0}, {"cat": "kernel", "name": "gemm", "dur": 2.0},
-              {"cat": "cpu_op", "name": "aten::mm", "dur": 50.0}, {"cat": "gpu_memcpy", "name": "copy", "dur": 1.0},
+    # gemm 0-3 and 10-12, copy 11-12 overlapping the second gemm (as a PDL-launched kernel does): busy 5 µs
+    events = [{"cat": "kernel", "name": "gemm", "ts": 0.0, "dur": 3.0}, {"cat": "kernel", "name": "gemm", "ts": 10.0, "dur": 2.0},
+              {"cat": "cpu_op", "name": "aten::mm", "dur": 50.0}, {"cat": "gpu_memcpy", "name": "copy", "ts": 11.0, "dur": 1.0},
               {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "dur": 4.0},
               {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 4.0},
               {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 4.0},
@@ -40,7 +41,7 @@ def test_kernel_table_sums_gpu_time_per_kernel(tmp_path):
     with gzip.open(tmp_path / "rank0.pt.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events[:2]}, f)
     (tmp_path / "rank1.pt.trace.json").write_text(json.dumps({"traceEvents": events[2:]}))
-    assert kernel_table(tmp_path) == {"total_us": 6.0, "host_calls": {"cudaGraphLaunch": 1, "cudaLaunchKernel": 2},
+    assert kernel_table(tmp_path) == {"total_us": 6.0, "busy_us": 5.0, "host_calls": {"cudaGraphLaunch": 1, "cudaLaunchKernel": 2},
                                       "kernels": [["gemm", 5.0], ["copy", 1.0]]}
 
 

@@ -28,6 +28,7 @@ import datetime
 import gzip
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -125,21 +126,29 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
 
 
 def kernel_table(profile_dir: Path, top: int = 30) -> dict:
-    """GPU time per kernel name (µs, summed) over the profiler traces under ``profile_dir``, and how often the
-    host called each CUDA launch entry point of ``LAUNCH_CALLS`` (kernels replayed from a CUDA graph count
-    once, as its ``cudaGraphLaunch``)."""
+    """GPU time per kernel name (µs, summed) over the profiler traces under ``profile_dir``; the time the GPU
+    was busy (the union of those intervals: kernels started early by programmatic dependent launch overlap
+    their predecessor and wait for it, so their sum overstates), and how often the host called each CUDA
+    launch entry point of ``LAUNCH_CALLS`` (kernels replayed from a CUDA graph count once, as its
+    ``cudaGraphLaunch``)."""
     totals: dict[str, float] = {}
     calls: dict[str, int] = {}
+    intervals: list[tuple[float, float]] = []
     for trace in sorted(profile_dir.rglob("*.json*")):
         with (gzip.open(trace, "rt") if trace.suffix == ".gz" else open(trace)) as f:
             events = json.load(f).get("traceEvents", [])
         for e in events:
             if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
                 totals[e["name"]] = totals.get(e["name"], 0.0) + float(e.get("dur", 0.0))
+                intervals.append((float(e.get("ts", 0.0)), float(e.get("ts", 0.0)) + float(e.get("dur", 0.0))))
             elif e.get("cat") == "cuda_runtime" and e.get("name") in LAUNCH_CALLS:
                 calls[e["name"]] = calls.get(e["name"], 0) + 1
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
     ranked = sorted(totals.items(), key=lambda kv: -kv[1])
-    return {"total_us": round(sum(totals.values()), 1), "host_calls": calls,
+    return {"total_us": round(sum(totals.values()), 1), "busy_us": round(busy, 1), "host_calls": calls,
             "kernels": [[n[:120], round(t, 1)] for n, t in ranked[:top]]}
 
 
@@ -225,6 +234,8 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
         result = {"module": out["module"], "startup_s": round(out["startup_s"], 1),
                   "batches": {str(b): summarize(out["runs"], b, args.output_len) for b in batches},
                   "agreement_raw": out["agreement"]}
+        if profile_dir and args.traces_out:
+            shutil.copytree(profile_dir, Path(args.traces_out) / f"{entry['model']}-{profile_dir.name}", dirs_exist_ok=True)
         if profile_dir:
             result["kernels"] = {"batch": batches[0], "prompt_len": PROFILE_PROMPT_LEN,
                                  "output_len": PROFILE_OUTPUT_LEN, "wall_us": round(out["profiled_s"] * 1e6, 1),
@@ -252,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--profile", action="store_true", help="kernel times of the first batch size")
+    parser.add_argument("--traces-out", default=None, help="keep the profiler traces in this directory")
     parser.add_argument("--workdir", default=None, help="where checkpoints go (default: a temporary directory)")
     parser.add_argument("--out", required=False)
     parser.add_argument("--engine", nargs=2, help=argparse.SUPPRESS)  # internal: JOB.json OUT.json
@@ -316,8 +328,8 @@ def print_table(report: dict) -> None:
                       f"{row['tpot_ms']['median']:>8.2f} {row['ttft_ms']['median']:>9.1f} {result['startup_s']:>8.1f}")
             if "kernels" in result:
                 k = result["kernels"]
-                print(f"{label}: {impl} profiled run {k['wall_us'] / 1e3:.1f} ms wall, {k['total_us'] / 1e3:.1f} ms GPU "
-                      f"kernels, host calls {k['host_calls']}")
+                print(f"{label}: {impl} profiled run {k['wall_us'] / 1e3:.1f} ms wall, GPU busy {k['busy_us'] / 1e3:.1f} ms "
+                      f"(kernels summed {k['total_us'] / 1e3:.1f} ms), host calls {k['host_calls']}")
         if "agreement" in entry:
             print(f"{label}: agreement {entry['agreement']}")
         if {"vllm", "atom"} <= set(entry["impls"]):
