@@ -3,6 +3,9 @@
 A checkpoint is either one ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
 Tensors are yielded as :class:`LazySlice` views: a tensor-parallel rank narrows them to its part
 before anything is read from disk (``safe_open(...).get_slice``).
+
+A file safetensors cannot open (truncated, a garbage header length, a header that is not JSON) is a
+:class:`CheckpointError` naming the file and where it breaks; so is a tensor stored in two shards.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from atom_core.errors import CheckpointError
@@ -30,6 +33,42 @@ _DTYPES = {
 }
 if hasattr(torch, "float8_e8m0fnu"):
     _DTYPES["F8_E8M0"] = torch.float8_e8m0fnu
+
+
+def open_safetensors(path: Path):
+    """``safe_open(path)``; a file that cannot be opened is a :class:`CheckpointError` naming it and, where
+    the header says, the byte offset or the tensor where it breaks."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError) as err:
+        detail = _diagnose(path) if isinstance(err, SafetensorError) else None
+        raise CheckpointError(f"{path}: not a readable safetensors file: {detail or err}") from err
+
+
+def _diagnose(path: Path) -> str | None:
+    """What is wrong with a safetensors file, from its 8-byte header length and JSON header alone."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"the file has {size} bytes, fewer than the 8-byte header length"
+    with path.open("rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if length > size - 8:
+            return (f"the header length at byte 0 says {length} bytes, but only {size - 8} follow "
+                    "(truncated, or not a safetensors file)")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"the header (bytes 8 to {8 + length}) is not valid JSON: {err}"
+    spans = sorted((info["data_offsets"][1], info["data_offsets"][0], name) for name, info in header.items()
+                   if isinstance(info, dict) and len(info.get("data_offsets") or ()) == 2)
+    data = size - 8 - length
+    cut = [(end, start, name) for end, start, name in spans if end > data]
+    if cut:
+        end, start, name = cut[0]
+        return (f"truncated at byte {size}: the tensors need {spans[-1][0]} data bytes after the header, the file "
+                f"holds {data}; {name} (data bytes {start} to {end}) is the first cut")
+    return None
 
 
 class LazySlice:
@@ -84,7 +123,10 @@ class Checkpoint:
     def _weight_map(self) -> dict[str, str]:
         index = self.model_dir / INDEX_FILE
         if index.is_file():
-            weight_map = json.loads(index.read_text()).get("weight_map")
+            try:
+                weight_map = json.loads(index.read_text(), object_pairs_hook=_unique_keys(index)).get("weight_map")
+            except json.JSONDecodeError as err:
+                raise CheckpointError(f"{index} is not valid JSON: {err}") from None
             if not weight_map:
                 raise CheckpointError(f"{index} has no weight_map")
             missing: dict[str, list[str]] = {}
@@ -97,14 +139,17 @@ class Checkpoint:
             return dict(weight_map)
         single = self.model_dir / SINGLE_FILE
         if single.is_file():
-            with safe_open(str(single), framework="pt") as handle:
+            with open_safetensors(single) as handle:
                 return {name: SINGLE_FILE for name in handle.keys()}
         others = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
         if others:
-            weight_map = {}
+            weight_map: dict[str, str] = {}
             for file in others:
-                with safe_open(str(self.model_dir / file), framework="pt") as handle:
-                    weight_map.update({name: file for name in handle.keys()})
+                with open_safetensors(self.model_dir / file) as handle:
+                    for name in handle.keys():
+                        if name in weight_map:
+                            raise CheckpointError(f"{self.model_dir}: tensor {name} is in both {weight_map[name]} and {file}")
+                        weight_map[name] = file
             return weight_map
         raise CheckpointError(f"{self.model_dir} holds no safetensors weights ({SINGLE_FILE} or {INDEX_FILE})")
 
@@ -124,8 +169,16 @@ class Checkpoint:
         bar = tqdm(total=len(self.weight_map), desc="loading weights", unit="tensor", disable=not show)
         try:
             for file in sorted(by_file):
-                with safe_open(str(self.model_dir / file), framework="pt") as handle:
+                with open_safetensors(self.model_dir / file) as handle:
                     present = set(handle.keys())
+                    elsewhere = sorted(name for name in present if self.weight_map.get(name, file) != file)
+                    if elsewhere:
+                        name = elsewhere[0]
+                        more = f", and {len(elsewhere) - 1} more like it" if len(elsewhere) > 1 else ""
+                        raise CheckpointError(
+                            f"{self.model_dir}: tensor {name} is in both {file} and {self.weight_map[name]} (where the "
+                            f"index places it){more}: shards of two checkpoints mixed in one directory?"
+                        )
                     for name in by_file[file]:
                         if name not in present:
                             raise CheckpointError(f"{file} does not hold {name}, which the index places there")
@@ -133,3 +186,17 @@ class Checkpoint:
                         bar.update(1)
         finally:
             bar.close()
+
+
+def _unique_keys(path: Path):
+    """A ``json`` object hook: a key listed twice with different values (a tensor placed in two shards) is an error."""
+
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out and out[key] != value:
+                raise CheckpointError(f"{path}: {key} is listed twice ({out[key]} and {value})")
+            out[key] = value
+        return out
+
+    return build
