@@ -9,17 +9,47 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atom_core.errors import CheckpointError
+from atom_core.errors import CheckpointError, UnsupportedArchitectureError
 
 
 def load_hf_config(model_dir: str | Path):
-    """The transformers config object of a local checkpoint directory."""
-    from transformers import AutoConfig
-
+    """The transformers config object of a local checkpoint directory; a missing directory, a missing or
+    malformed ``config.json`` is a :class:`CheckpointError` naming it, an unknown ``model_type`` an
+    :class:`UnsupportedArchitectureError`."""
     path = Path(model_dir)
-    if not (path / "config.json").is_file():
+    if not path.is_dir():
+        raise CheckpointError(f"{path} {'is not a directory' if path.exists() else 'does not exist'}")
+    file = path / "config.json"
+    if not file.is_file():
         raise CheckpointError(f"{path} has no config.json")
-    return AutoConfig.from_pretrained(str(path))
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{file} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} holds a JSON {type(data).__name__}, not an object")
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    model_type = data.get("model_type")
+    if model_type is not None and model_type not in CONFIG_MAPPING:
+        from atom_core import catalog
+
+        raise UnsupportedArchitectureError(
+            f"{file}: model_type {model_type!r} is unknown to transformers; ATOM supports: {', '.join(catalog.supported())}"
+        )
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (ValueError, TypeError, KeyError, _strict_dataclass_error()) as err:
+        raise CheckpointError(f"{file}: {' '.join(str(err).split())}") from err
+
+
+def _strict_dataclass_error() -> type[Exception]:
+    """What transformers 5's config validators raise (huggingface_hub's, not a ValueError)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ValueError
+    return StrictDataclassError
 
 
 def read_architectures(model_dir: str | Path) -> list[str]:
@@ -77,6 +107,9 @@ class DecoderConfig:
     def from_hf(cls, hf_config: Any) -> DecoderConfig:
         cfg = text_config(hf_config)
         num_heads = cfg.num_attention_heads
+        num_kv_heads = getattr(cfg, "num_key_value_heads", None) or num_heads
+        where = Path(getattr(hf_config, "name_or_path", "") or "") / "config.json"
+        check_heads(cfg.hidden_size, num_heads, num_kv_heads, getattr(cfg, "head_dim", None), where=str(where))
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
         num_layers = cfg.num_hidden_layers
         return cls(
@@ -85,7 +118,7 @@ class DecoderConfig:
             intermediate_size=getattr(cfg, "intermediate_size", None),
             num_layers=num_layers,
             num_heads=num_heads,
-            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or num_heads,
+            num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
             max_position=cfg.max_position_embeddings,
@@ -94,6 +127,24 @@ class DecoderConfig:
             attention_bias=bool(getattr(cfg, "attention_bias", False)),
             mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
             sliding_windows=sliding_windows(cfg, num_layers),
+        )
+
+
+def check_heads(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int | None, *,
+                where: str = "config.json") -> None:
+    """Attention head counts that fit together: a :class:`CheckpointError` naming the config fields otherwise."""
+    for name, value in (("hidden_size", hidden_size), ("num_attention_heads", num_heads),
+                        ("num_key_value_heads", num_kv_heads), ("head_dim", head_dim)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise CheckpointError(f"{where}: {name} must be a positive integer, got {value!r}")
+    if num_heads % num_kv_heads:
+        raise CheckpointError(
+            f"{where}: num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})"
+        )
+    if head_dim is None and hidden_size % num_heads:
+        raise CheckpointError(
+            f"{where}: hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads}) "
+            "and no head_dim is given"
         )
 
 

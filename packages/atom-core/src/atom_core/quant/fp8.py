@@ -171,10 +171,12 @@ class Fp8Config(QuantConfig):
             raise UnsupportedQuantizationError(f"fp8 activation_scheme {scheme!r} is not 'dynamic' or 'static'")
         block = config.get("weight_block_size")
         if block is not None:
-            if len(block) != 2 or scheme != "dynamic":
+            if not isinstance(block, list | tuple) or len(block) != 2 or scheme != "dynamic":
                 raise UnsupportedQuantizationError(
                     f"block-wise fp8 needs weight_block_size [bn, bk] and dynamic activations, got {block} / {scheme!r}"
                 )
+            if not all(isinstance(b, int) and b > 0 for b in block):
+                raise UnsupportedQuantizationError(f"fp8 weight_block_size must be two positive integers, got {block}")
             block = (int(block[0]), int(block[1]))
         return cls(scheme, block, exclusion_patterns(config, "ignored_layers", "modules_to_not_convert"))
 
