@@ -12,6 +12,7 @@ import torch
 
 from atom_core import catalog
 from atom_core.config import load_hf_config, text_config
+from atom_core.errors import DeviceUnavailableError, UsageError
 from atom_core.host import TensorParallel
 from atom_core.loader import Checkpoint
 from atom_core.quant import parse_quant_config
@@ -33,11 +34,47 @@ class GenerationOutput:
     finish_reason: str | None = None
 
 
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` (None: CUDA when present, else the CPU); a CUDA device this machine does not have is a
+    :class:`DeviceUnavailableError` before anything is built on it."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            built = torch.version.cuda is not None or torch.version.hip is not None
+            why = "no GPU is visible" if built else "this torch build has no CUDA"
+            raise DeviceUnavailableError(f"device {str(device)!r} asked for, but {why} (torch {torch.__version__}); "
+                                         "run on the CPU instead (--device cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceUnavailableError(f"device {str(device)!r} asked for, but only {torch.cuda.device_count()} "
+                                         "GPU(s) are visible")
+    return device
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_positions: int | None = None,
+                  max_new_tokens: int = 0) -> None:
+    """A :class:`UsageError` naming the prompt and token when a prompt is empty, holds an id outside
+    ``[0, vocab_size)``, or would run past ``max_positions`` with ``max_new_tokens`` more tokens."""
+    if not prompts:
+        raise UsageError("no prompts given")
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise UsageError(f"prompt {i} is empty: every prompt needs at least one token")
+        bad = next(((pos, t) for pos, t in enumerate(prompt) if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise UsageError(f"prompt {i}: token id {bad[1]} (position {bad[0]}) is outside the model's vocabulary "
+                             f"[0, {vocab_size})")
+        if max_positions is not None and len(prompt) + max_new_tokens > max_positions:
+            raise UsageError(f"prompt {i}: {len(prompt)} prompt tokens + max_new_tokens {max_new_tokens} exceed the "
+                             f"model's {max_positions} positions (max_position_embeddings)")
+
+
 class Runner:
     def __init__(self, model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  block_size: int = 16, tp: TensorParallel | None = None, quantization: str | None = None):
         self.model_dir = Path(model_dir)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.dtype = dtype
         self.block_size = block_size
         self.hf_config = load_hf_config(self.model_dir)
@@ -83,7 +120,7 @@ class Runner:
     def _multimodal_inputs(self, input_ids: torch.Tensor, images: list[ImageInputs]) -> dict:
         """``forward`` keyword arguments carrying this step's images (the model embeds them)."""
         if catalog.MULTIMODAL not in self.spec.capabilities:
-            raise ValueError(f"{self.spec.name} does not take images")
+            raise UsageError(f"{self.spec.name} does not take images")
         pixels = torch.cat([im.pixel_values for im in images]).to(self.device)
         grids = torch.cat([im.image_grid_thw for im in images])
         return self.model.multimodal_forward_inputs(input_ids, pixels, grids)
@@ -119,6 +156,7 @@ class Runner:
     def prompt_logits(self, prompts: Sequence[Sequence[int] | Prompt]) -> list[torch.Tensor]:
         """Logits at every position of each prompt, all prompts prefilled in one batch."""
         prompts = [as_prompt(p) for p in prompts]
+        check_prompts([p.token_ids for p in prompts], text_config(self.hf_config).vocab_size)
         images = [p.images for p in prompts if p.images is not None]
         self._ensure_cache(sum(len(p.token_ids) for p in prompts) + self.block_size * len(prompts))
         seqs = self._new_sequences(len(prompts))
@@ -137,11 +175,8 @@ class Runner:
         prompts = [p.token_ids for p in prompt_inputs]
         plans = [self._position_plan(p) for p in prompt_inputs]
         images = [p.images for p in prompt_inputs if p.images is not None]  # all consumed by the prefill step
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
         limit = self.model.decoder_config.max_position if hasattr(self.model, "decoder_config") else None
-        if limit is not None and max(len(p) for p in prompts) + params.max_new_tokens > limit:
-            raise ValueError(f"prompt + max_new_tokens exceeds the model's {limit} positions")
+        check_prompts(prompts, text_config(self.hf_config).vocab_size, limit, params.max_new_tokens)
         self._ensure_cache(sum(len(p) + params.max_new_tokens for p in prompts) + self.block_size * len(prompts))
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         outputs = [GenerationOutput(list(p)) for p in prompts]

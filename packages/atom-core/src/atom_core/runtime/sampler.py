@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from atom_core.errors import UsageError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -17,11 +19,11 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+            raise UsageError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0 or self.temperature == float("inf"):  # NaN fails too
+            raise UsageError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
+            raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
