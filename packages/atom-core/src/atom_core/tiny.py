@@ -2,7 +2,8 @@
 
 The weights are written by the architecture's transformers reference class (``save_pretrained``), so
 the checkpoint's names and layout are exactly Hugging Face's — the thing ATOM's loader must read.
-A small byte-level BPE tokenizer is trained on a built-in text and saved beside them.
+A small byte-level BPE tokenizer is trained on a built-in text and saved beside them.  The directory is
+written whole or not at all (:mod:`atom_core.staging`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from atom_core import catalog
 from atom_core.config import text_config
+from atom_core.staging import staged_dir
 
 EOS_TOKEN = "<|endoftext|>"
 _CORPUS = """\
@@ -59,23 +61,24 @@ def tiny_config(arch: str, **overrides: Any):
 
 
 def make_tiny(arch: str, out_dir: str | Path, *, seed: int = 0, max_shard_size: str | int | None = None,
-              dtype: torch.dtype = torch.float32, **overrides: Any) -> Path:
-    """Write config, random weights (``seed``) and a tokenizer for ``arch`` into ``out_dir``."""
+              dtype: torch.dtype = torch.float32, overwrite: bool = False, **overrides: Any) -> Path:
+    """Write config, random weights (``seed``) and a tokenizer for ``arch`` into ``out_dir``: a new or empty
+    directory, or with ``overwrite`` a checkpoint directory to replace (whole: see :mod:`atom_core.staging`)."""
     spec = catalog.get(arch)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec.tiny.get("text_config", spec.tiny).get("vocab_size", 512))
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     config = tiny_config(arch, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, **overrides)
-    torch.manual_seed(seed)
-    model = spec.hf_model_class()(config).to(dtype)
-    save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
-    model.save_pretrained(str(out), safe_serialization=True, **save_kwargs)
-    tokenizer.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN,
-        "pad_token": EOS_TOKEN, "model_max_length": text_config(config).max_position_embeddings,
-    }, indent=1))
-    if spec.tiny_preprocessor:
-        (out / "preprocessor_config.json").write_text(json.dumps(spec.tiny_preprocessor, indent=1))
+    with staged_dir(out, overwrite=overwrite) as tmp:
+        torch.manual_seed(seed)
+        model = spec.hf_model_class()(config).to(dtype)
+        save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
+        model.save_pretrained(str(tmp), safe_serialization=True, **save_kwargs)
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        (tmp / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN,
+            "pad_token": EOS_TOKEN, "model_max_length": text_config(config).max_position_embeddings,
+        }, indent=1))
+        if spec.tiny_preprocessor:
+            (tmp / "preprocessor_config.json").write_text(json.dumps(spec.tiny_preprocessor, indent=1))
     return out

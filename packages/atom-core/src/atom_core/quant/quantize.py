@@ -8,7 +8,8 @@ A layer whose shapes the format cannot hold (block boundaries inside a fused lay
 multiple of 32, experts of an intermediate size not a multiple of 128 for FP8 blocks; every MoE
 layer under ptpc-fp8, which has no expert format) is left unquantized.  Every 2-D weight left
 unquantized is listed in the config's exclusions, so hosts that quantize all linear-like modules
-(vLLM's router gates) skip it too.  Shards, tokenizer and other files are kept.
+(vLLM's router gates) skip it too.  Shards, tokenizer and other files are kept.  The output directory
+is written whole or not at all (:mod:`atom_core.staging`): an interrupted run leaves what was there.
 
 Formats written, each readable by ATOM and, where the format allows, by vLLM / SGLang:
 
@@ -34,9 +35,10 @@ from tqdm.auto import tqdm
 
 from atom_core import catalog
 from atom_core.config import load_hf_config
-from atom_core.errors import UnsupportedQuantizationError
+from atom_core.errors import UnsupportedQuantizationError, UsageError
 from atom_core.loader import Checkpoint
 from atom_core.loader.checkpoint import INDEX_FILE
+from atom_core.staging import check_destination, staged_dir
 
 logger = logging.getLogger(__name__)
 
@@ -158,26 +160,50 @@ def model_layers(hf_config: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
 
 
 def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str, *,
-                        device: str = "cpu") -> Path:
-    """Write ``model_dir`` quantized with ``scheme`` to ``out_dir``; returns ``out_dir``."""
+                        device: str = "cpu", overwrite: bool = False) -> Path:
+    """Write ``model_dir`` quantized with ``scheme`` to ``out_dir``; returns ``out_dir``.  ``out_dir`` is
+    written whole or not at all: it must be new or empty, or with ``overwrite`` a checkpoint to replace
+    (:mod:`atom_core.staging`)."""
+    from atom_core.runtime.runner import resolve_device
+
     if scheme not in SCHEMES:
         raise UnsupportedQuantizationError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     encode, fits, experts_fit, make_config = SCHEMES[scheme]
     src, out = Path(model_dir), Path(out_dir)
-    if src.resolve() == out.resolve():
-        raise ValueError("--out must differ from --model")
+    device = resolve_device(device)
+    if src.resolve() == out.resolve() or out.resolve() in src.resolve().parents:
+        raise UsageError(f"--out {out} must not be --model {src} or a directory containing it")
     hf_config = load_hf_config(src)
     if getattr(hf_config, "quantization_config", None):
         raise UnsupportedQuantizationError(f"{src} is already quantized; atom quantize takes an unquantized checkpoint")
+    check_destination(out, overwrite)
     layers, expert_layers, mapper = model_layers(hf_config)
     excluded_layers = {prefix for prefix, layer in layers.items()
                        if not fits(layer.checkpoint_shard_sizes(), layer.input_size)}
     excluded_layers |= {prefix for prefix, layer in expert_layers.items()
                         if experts_fit is None or not experts_fit(layer.hidden_size, layer.intermediate_size)}
     layers = {**layers, **expert_layers}
-    excluded: set[str] = set()
-    out.mkdir(parents=True, exist_ok=True)
     checkpoint = Checkpoint(src)
+    with staged_dir(out, overwrite=overwrite) as tmp:
+        quantized, excluded = _write_quantized(checkpoint, tmp, scheme, device, mapper, layers, expert_layers,
+                                               excluded_layers)
+        config = json.loads((src / "config.json").read_text())
+        config["quantization_config"] = make_config(sorted(excluded))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        for path in src.iterdir():
+            if path.is_file() and path.suffix != ".safetensors" and path.name not in ("config.json", INDEX_FILE):
+                shutil.copy2(path, tmp / path.name)
+    logger.info("quantized %d weights with %s into %s (%d modules left unquantized)", quantized, scheme, out, len(excluded))
+    return out
+
+
+def _write_quantized(checkpoint: Checkpoint, out: Path, scheme: str, device: torch.device, mapper: Any,
+                     layers: dict[str, Any], expert_layers: dict[str, Any], excluded_layers: set[str]
+                     ) -> tuple[int, set[str]]:
+    """Every shard of ``checkpoint`` into ``out``, its layers' weights quantized (and its index, if it has one);
+    returns the number of weights quantized and the modules left unquantized."""
+    encode = SCHEMES[scheme][0]
+    excluded: set[str] = set()
     files = checkpoint.files
     weight_map: dict[str, str] = {}
     pending: dict[str, dict[str, torch.Tensor]] = {file: {} for file in files}
@@ -206,17 +232,10 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
             save_file(tensors, str(out / file), metadata={"format": "pt"})
             weight_map.update({key: file for key in tensors})
             pending[file] = {}
-    if len(files) > 1 or (src / INDEX_FILE).is_file():
+    if len(files) > 1 or (checkpoint.model_dir / INDEX_FILE).is_file():
         total = sum((out / f).stat().st_size for f in files)
         (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = make_config(sorted(excluded))
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    for path in src.iterdir():
-        if path.is_file() and path.suffix != ".safetensors" and path.name not in ("config.json", INDEX_FILE):
-            shutil.copy2(path, out / path.name)
-    logger.info("quantized %d weights with %s into %s (%d modules left unquantized)", quantized, scheme, out, len(excluded))
-    return out
+    return quantized, excluded
 
 
 def _weight_target(name: str, mapper: Any, layers: dict[str, Any]) -> str | None:
