@@ -191,35 +191,47 @@ def _e2e_runs() -> list[tuple[str, dict]]:
     return []
 
 
+def _agreement(entry: dict) -> str:
+    a = entry.get("agreement")
+    if not a:
+        return ""
+    return (f"{a['identical_greedy']}/{a['prompts']} identical, first divergence at {a['mean_first_divergence']:.0f}"
+            f"; prompt log-prob mean / max abs diff {a['prompt_logprob_mean_abs_diff']:.3f} / "
+            f"{a['prompt_logprob_max_abs_diff']:.2f}")
+
+
 def vllm_e2e_table(pins: dict) -> str:
-    out = ["| model (random weights) | batch | vLLM's class tok/s (min-max) | ATOM's class tok/s (min-max) | ATOM / vLLM "
-           "| TPOT ms vLLM / ATOM | TTFT ms vLLM / ATOM | start-up s vLLM / ATOM | run |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| model (layers, weights) | batch | vLLM's class tok/s (min-max) | ATOM's class tok/s (min-max) | ATOM / vLLM "
+           "| TPOT ms vLLM / ATOM | TTFT ms vLLM / ATOM | start-up s vLLM / ATOM | greedy agreement (fixed prompts) | run |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     starts = []
     runs = _e2e_runs()
     for name, report in runs:
         for entry in report["models"]:
             impls = entry["impls"]
+            label = f"{entry['model']} ({entry['layers']}, {entry.get('format', 'bf16')})"
             if set(impls) != {"vllm", "atom"}:
-                starts += [f"{entry['model']} ({entry['layers']} layers), max_num_batched_tokens "
-                           f"{report['settings']['max_num_batched_tokens']}: {impl} started in {r['startup_s']} s"
-                           for impl, r in impls.items()]
+                starts += [f"{label}, max_num_batched_tokens {report['settings']['max_num_batched_tokens']}: {impl} "
+                           f"started in {r['startup_s']} s" for impl, r in impls.items()]
                 continue
             v, a = impls["vllm"], impls["atom"]
-            for batch in sorted(a["batches"], key=int):
+            tree = report.get("atom_commit") or report.get("note", "")
+            for i, batch in enumerate(sorted(a["batches"], key=int)):
                 bv, ba = v["batches"][batch], a["batches"][batch]
                 tv, ta = bv["output_tok_per_s"], ba["output_tok_per_s"]
-                out.append(f"| {entry['model']} ({entry['layers']} layers) | {batch} | {tv['median']:.0f} ({tv['min']:.0f}-"
+                out.append(f"| {label} | {batch} | {tv['median']:.0f} ({tv['min']:.0f}-"
                            f"{tv['max']:.0f}) | {ta['median']:.0f} ({ta['min']:.0f}-{ta['max']:.0f}) | "
                            f"**{ta['median'] / tv['median']:.2f}** | {bv['tpot_ms']['median']:.2f} / "
                            f"{ba['tpot_ms']['median']:.2f} | {bv['ttft_ms']['median']:.0f} / {ba['ttft_ms']['median']:.0f}"
-                           f" | {v['startup_s']} / {a['startup_s']} | `{name}`: {report.get('note', '')} |")
+                           f" | {v['startup_s']} / {a['startup_s']} | {_agreement(entry) if i == 0 else ''} "
+                           f"| `{name}` ({tree}) |")
     if len(out) == 2:
         return "_No end-to-end H200 results committed yet._"
     first = runs[0][1]
-    head = (f"{first['gpu']}, vLLM {first['vllm']}, torch {first['torch']}, {first['date'][:10]}; bf16, prompt "
-            f"{first['settings']['prompt_len']} / output {first['settings']['output_len']} tokens, `ignore_eos`, "
-            f"max_num_batched_tokens {first['settings']['max_num_batched_tokens']}, median of "
-            f"{first['settings']['repeats']} runs (min-max).")
+    head = (f"{first['gpu']}, vLLM {first['vllm']}, torch {first['torch']}, {first['date'][:10]}; bf16 activations, "
+            f"prompt {first['settings']['prompt_len']} / output {first['settings']['output_len']} tokens, `ignore_eos`, "
+            f"max_num_batched_tokens {first['settings']['max_num_batched_tokens']}; tokens/s: median of the repeated "
+            f"runs (min-max) in each file.")
     return "\n".join([head, "", *out, *(["", *(f"- {s}" for s in starts)] if starts else [])])
 
 
