@@ -14,6 +14,7 @@ For each format written by ``atom quantize`` (and the same schemes applied onlin
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,6 +130,12 @@ def test_quantized_moe_model_logits(quantized, scheme):
     assert rel <= max_rel and top1 >= min_top1, f"vs unquantized: relative error {rel:.3f}, top-1 agreement {top1:.3f}"
     online = Runner(src, quantization=scheme).prompt_logits(PROMPTS)
     assert all(torch.equal(a, b) for a, b in zip(atom, online))
+    if scheme == "ptpc-fp8":  # hosts look experts up per expert and projection: the ignore entry must match those
+        ignore = json.loads(Path(out, "config.json").read_text())["quantization_config"]["ignore"]
+        patterns = [p for p in ignore if p.startswith("re:")]
+        assert any(matches("model.layers.0.mlp.experts.3.gate_proj", p) for p in patterns), ignore
+        assert not any(matches("model.layers.0.mlp.gate", p) or matches("model.layers.1.mlp.down_proj", p)
+                       for p in patterns), ignore
 
 
 def test_moe_experts_the_format_cannot_hold_stay_unquantized(tiny, tmp_path):

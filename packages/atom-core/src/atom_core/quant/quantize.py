@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def _mxfp4_fits(shard_sizes: list[int], input_size: int) -> bool:
     return input_size % MX_GROUP == 0
 
 
-def _fp8_block_config(excluded: list[str]) -> dict[str, Any]:
+def _fp8_block_config(excluded: list[str], experts: Sequence[str] = ()) -> dict[str, Any]:
     config: dict[str, Any] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                               "weight_block_size": list(BLOCK)}
     if excluded:
@@ -86,7 +87,14 @@ def _fp8_block_config(excluded: list[str]) -> dict[str, Any]:
     return config
 
 
-def _ptpc_config(excluded: list[str]) -> dict[str, Any]:
+def _expert_pattern(module: str) -> str:
+    """A compressed-tensors ``ignore`` entry for an experts module: hosts look experts up per expert and
+    projection (vLLM: ``<module>.0.gate_proj``), which a plain module name never equals."""
+    return f"re:{re.escape(module)}($|\\.)"
+
+
+def _ptpc_config(excluded: list[str], experts: Sequence[str] = ()) -> dict[str, Any]:
+    ignore = {"lm_head", *(name for name in excluded if name not in experts), *map(_expert_pattern, experts)}
     return {
         "quant_method": "compressed-tensors",
         "format": "float-quantized",
@@ -102,12 +110,12 @@ def _ptpc_config(excluded: list[str]) -> dict[str, Any]:
                 "output_activations": None,
             }
         },
-        "ignore": sorted({"lm_head", *excluded}),
+        "ignore": sorted(ignore),
         "kv_cache_scheme": None,
     }
 
 
-def _mxfp4_config(excluded: list[str]) -> dict[str, Any]:
+def _mxfp4_config(excluded: list[str], experts: Sequence[str] = ()) -> dict[str, Any]:
     return {
         "quant_method": "quark",
         "global_quant_config": {
@@ -135,7 +143,8 @@ def _mxfp4_experts_fit(hidden: int, inter: int) -> bool:
 
 
 # scheme -> (encode one [N, K] weight, does a linear layer fit, do a layer's experts fit (None: the
-# format has no expert kernel, experts stay unquantized), the quantization_config to write)
+# format has no expert kernel, experts stay unquantized), the quantization_config to write from the modules
+# left unquantized and the experts modules among them)
 SCHEMES: dict[str, tuple[Callable, Callable, Callable | None, Callable]] = {
     "fp8-block": (_fp8_block, _fp8_block_fits, _fp8_block_experts_fit, _fp8_block_config),
     "ptpc-fp8": (_ptpc, lambda sizes, k: True, None, _ptpc_config),
@@ -188,7 +197,7 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
         quantized, excluded = _write_quantized(checkpoint, tmp, scheme, device, mapper, layers, expert_layers,
                                                excluded_layers)
         config = json.loads((src / "config.json").read_text())
-        config["quantization_config"] = make_config(sorted(excluded))
+        config["quantization_config"] = make_config(sorted(excluded), sorted(excluded & set(expert_layers)))
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         for path in src.iterdir():
             if path.is_file() and path.suffix != ".safetensors" and path.name not in ("config.json", INDEX_FILE):
