@@ -104,3 +104,23 @@ def test_multimodal_path_matches_transformers(constructed):
         assert m["deepstack_second_forward"] is False, f"{arch}: DeepStack features were not cleared after use"
         if catalog.MROPE in catalog.get(arch).capabilities:
             assert m["supports_mrope"] and m["positions_equal"] and m["delta"][0] == m["delta"][1], f"{arch}: {m}"
+
+
+def test_bad_checkpoint_fails_with_atoms_message(tiny_models, probe, tmp_path):
+    """A checkpoint ATOM's loader refuses (an int32 tensor where a float weight belongs) fails under vLLM's loader
+    with ATOM's message naming the tensor and the dtypes, not a host traceback about a copy."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "int32-weight"
+    shutil.copytree(tiny_models["Qwen3ForCausalLM"], bad)
+    (shard,) = bad.glob("*.safetensors")
+    tensors = load_file(str(shard))
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors[name] = tensors[name].to(torch.int32)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    proc = probe("construct", [str(bad)], check=False)
+    assert proc.returncode != 0
+    assert f"{name} is int32, expected" in proc.stderr, proc.stderr[-3000:]
