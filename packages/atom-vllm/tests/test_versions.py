@@ -68,6 +68,9 @@ def test_unsupported_version_message(monkeypatch):
     message = str(err.value)
     assert f"supports vLLM {supported}" in message and "this is vLLM 0.1.0" in message
     assert tested.describe_tested() in message and "ATOM_DISABLE_VLLM_PLUGIN=1" in message
+    monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "false")  # off, as every ATOM switch reads it
+    with pytest.raises(compat.UnsupportedVllmVersion):
+        compat.check_vllm_version("0.1.0")
     monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "1")
     assert compat.check_vllm_version("0.1.0") == "0.1.0"
 

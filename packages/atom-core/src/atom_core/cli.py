@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import platform
 import sys
 import traceback
@@ -211,12 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command.  This is the one place errors become what the user sees: an :class:`AtomError` a
     one-line ``atom CMD: error: ...`` and its kind's exit code (``atom_core.errors``); anything else a bug,
     reported with its traceback (exit 70).  ``--debug`` / ``ATOM_DEBUG=1`` add the traceback to the former."""
+    from atom_core.env import env_flag
     from atom_core.errors import EXIT_INTERNAL, AtomError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    debug = args.debug
     try:
+        debug = debug or env_flag(DEBUG_ENV)
         return args.func(args)
     except AtomError as err:
         if debug:

@@ -7,11 +7,11 @@ the wrappers need goes through a function here; nothing else in atom_vllm compar
 from __future__ import annotations
 
 import importlib
-import os
 from functools import cache
 
 from packaging.version import Version
 
+from atom_core.env import env_flag
 from atom_core.errors import AtomError
 from atom_vllm.tested import describe_tested, release_of, supported_range
 
@@ -41,7 +41,7 @@ def check_vllm_version(version: str | None = None) -> str:
         f"Install a supported vLLM (pip install 'atom-vllm[vllm]'), or set ATOM_DISABLE_VLLM_PLUGIN=1 to run "
         f"vLLM's own models, or {ALLOW_UNSUPPORTED_ENV}=1 to try ATOM's anyway."
     )
-    if os.environ.get(ALLOW_UNSUPPORTED_ENV, "") not in ("", "0"):
+    if env_flag(ALLOW_UNSUPPORTED_ENV):
         import logging
 
         logging.getLogger(__name__).warning("%s (continuing: %s is set)", message, ALLOW_UNSUPPORTED_ENV)

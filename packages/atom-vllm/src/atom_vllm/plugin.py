@@ -13,7 +13,6 @@ fails to import, so this module imports nothing beyond the standard library at l
 from __future__ import annotations
 
 import logging
-import os
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +23,9 @@ _registered: dict[str, str] | None = None
 
 
 def disabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    from atom_core.env import env_flag  # standard library only
+
+    return env_flag(DISABLE_ENV)
 
 
 def register() -> dict[str, str]:
