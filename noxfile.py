@@ -142,7 +142,7 @@ def vllm_bundle(session: nox.Session) -> None:
 
 @nox.session
 def readme(session: nox.Session) -> None:
-    """Regenerate the README's tables from the catalog and ci/pins.toml."""
+    """Regenerate the docs' tables and the adapters' _pins.py from the catalog, ci/pins.toml and bench/results."""
     session.run("python", "ci/readme_tables.py", external=True)
 
 
@@ -338,9 +338,3 @@ def _define_sglang_session(version: str) -> None:
 
 for _version in SGLANG_CI:
     _define_sglang_session(_version)
-
-
-@nox.session(python=False, tags=["ci"])
-def pins(session: nox.Session) -> None:
-    """The files generated from ci/pins.toml (README compatibility tables, atom_sglang/_pins.py) are current."""
-    session.run("python3", str(ROOT / "ci" / "compat_tables.py"), "--check", external=True)

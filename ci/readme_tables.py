@@ -1,11 +1,14 @@
-"""Generate the README's tables — the model table from the atom-core catalog, the version tables from
-ci/pins.toml (the one source of tested versions) — or check that they are current.
+"""Generate everything ci/pins.toml and the catalog decide for the docs and the adapters, or check it is current:
 
-    python ci/readme_tables.py          rewrite the generated sections of README.md
-    python ci/readme_tables.py --check  exit 1 (with a diff) when README.md is out of date
+- the tables in README.md, docs/*.md and packages/*/README.md, each between ``<!-- BEGIN generated:NAME -->`` and
+  ``<!-- END generated:NAME -->`` (a table may appear in several files, and must appear in at least one);
+- each adapter's ``_pins.py`` (``atom_vllm._pins``, ``atom_sglang._pins``): the tested releases and supported range
+  it ships.
 
-Each table lives between ``<!-- BEGIN generated:NAME -->`` and ``<!-- END generated:NAME -->``; add a
-generator to TABLES for a new one.
+    python ci/readme_tables.py          rewrite what is stale
+    python ci/readme_tables.py --check  exit 1 (with a diff) when anything is stale
+
+Add a generator to TABLES for a new table, to MODULES for a new generated module.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
 sys.path.insert(0, str(ROOT / "packages" / "atom-core" / "src"))
 
 from atom_core import catalog  # noqa: E402  (imports no torch)
@@ -235,34 +237,98 @@ def vllm_e2e_table(pins: dict) -> str:
     return "\n".join([head, "", *out, *(["", *(f"- {s}" for s in starts)] if starts else [])])
 
 
+def sglang_table(pins: dict) -> str:
+    body = pins["sglang"]
+    rows = [
+        "| SGLang | Python | torch | transformers | checked in CI (CPU, light install of the release) |",
+        "|---|---|---|---|---|",
+    ]
+    for version in sorted(body["versions"], key=release_key, reverse=True):
+        v = body["versions"][version]
+        ci = f"`nox -s sglang-{version}`: {body['checks']}" if v.get("ci") else "not run (inside the supported range)"
+        rows.append(f"| {version} | {v.get('python', '')} | {v.get('torch', '')} | {v.get('transformers', '')} | {ci} |")
+    rows += ["", f"`atom-sglang` accepts SGLang `{body['supported']}`; its plugin refuses any other version with an error."]
+    return "\n".join(rows)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "models": models_table, "core-pins": core_pins_table, "vllm": vllm_table, "h200": h200_table,
-    "vllm-e2e": vllm_e2e_table,
+    "vllm-e2e": vllm_e2e_table, "sglang": sglang_table,
 }
 
 
-def render(text: str, pins: dict) -> str:
-    for name, make in TABLES.items():
-        pattern = re.compile(rf"(<!-- BEGIN generated:{name} -->).*?(<!-- END generated:{name} -->)", re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"README.md has no generated:{name} section")
-        table = make(pins)
-        text = pattern.sub(lambda m, table=table: f"{m.group(1)}\n{table}\n{m.group(2)}", text)
-    return text
+# ---- the adapters' _pins.py: what each ships of ci/pins.toml -------------------------------------------------
+def _module(section: str, body: str) -> str:
+    return f'"""Generated from ci/pins.toml [{section}] by ci/readme_tables.py; do not edit (CI checks it)."""\n\n{body}'
+
+
+def vllm_pins(pins: dict) -> str:
+    fields = ("distribution", "version", "torch", "transformers")
+    rows = "".join(f"    {{{', '.join(f'{f!r}: {e[f]!r}' for f in fields)}, 'checks': {tuple(e.get('checks', ()))!r}}},\n"
+                   for e in pins["vllm"])
+    return _module("vllm", f"TESTED = (\n{rows})\n")
+
+
+def sglang_pins(pins: dict) -> str:
+    body = pins["sglang"]
+    tested = tuple(v for v in sorted(body["versions"], key=release_key) if body["versions"][v].get("ci"))
+    return _module("sglang", f"SUPPORTED = {body['supported']!r}\nTESTED = {tested!r}\n")
+
+
+MODULES: dict[str, Callable[[dict], str]] = {
+    "packages/atom-vllm/src/atom_vllm/_pins.py": vllm_pins,
+    "packages/atom-sglang/src/atom_sglang/_pins.py": sglang_pins,
+}
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("packages/*/README.md"))]
+
+
+def render(text: str, pins: dict, tables: dict[str, str]) -> tuple[str, set[str]]:
+    """``text`` with every generated section it holds rewritten; and the names of those sections."""
+    found = set()
+    for name, table in tables.items():
+        pattern = re.compile(rf"(<!-- BEGIN generated:{re.escape(name)} -->).*?(<!-- END generated:{re.escape(name)} -->)", re.S)
+        if pattern.search(text):
+            found.add(name)
+            text = pattern.sub(lambda m, table=table: f"{m.group(1)}\n{table}\n{m.group(2)}", text)
+    return text, found
+
+
+def wanted_files(pins: dict) -> dict[Path, str]:
+    tables = {name: make(pins) for name, make in TABLES.items()}
+    out: dict[Path, str] = {ROOT / path: make(pins) for path, make in MODULES.items()}
+    placed: set[str] = set()
+    for doc in documents():
+        text, found = render(doc.read_text(), pins, tables)
+        placed |= found
+        if found:
+            out[doc] = text
+    if missing := sorted(set(TABLES) - placed):
+        raise SystemExit(f"no document has a generated section for: {', '.join(missing)}")
+    return out
 
 
 def main(argv: list[str]) -> int:
     pins = tomllib.loads((ROOT / "ci" / "pins.toml").read_text())
-    current = README.read_text()
-    wanted = render(current, pins)
+    stale = []
+    for path, wanted in wanted_files(pins).items():
+        current = path.read_text() if path.exists() else ""
+        if current == wanted:
+            continue
+        name = str(path.relative_to(ROOT))
+        stale.append(name)
+        if "--check" in argv:
+            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), wanted.splitlines(True), name, "generated"))
+        else:
+            path.write_text(wanted)
+            print(f"wrote {name}")
     if "--check" in argv:
-        if current != wanted:
-            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), wanted.splitlines(True), "README.md", "generated"))
-            print("README.md is out of date: run `python ci/readme_tables.py`", file=sys.stderr)
+        if stale:
+            print(f"stale: {', '.join(stale)}: run `python ci/readme_tables.py`", file=sys.stderr)
             return 1
-        print("README.md tables are current")
-        return 0
-    README.write_text(wanted)
+        print("generated tables and modules are current")
     return 0
 
 

@@ -1,37 +1,27 @@
-"""Build hooks: ship the tested vLLM versions inside the package and derive the install extras from them.
+"""Metadata hook: the install extras, one per tested vLLM release, from ``src/atom_vllm/_pins.py``.
 
-``ci/pins.toml`` (its ``[[vllm]]`` list) is the one source. The wheel carries it as
-``atom_vllm/_tested.json``; an sdist carries ``ci/pins.toml`` itself so a wheel built from it gets the same.
+``_pins.py`` is generated from ``ci/pins.toml`` (the one source) by ``ci/readme_tables.py`` and ships in the
+package, so a wheel built from the source tree or from an sdist gets the same extras.
 """
 
 from __future__ import annotations
 
-import json
+import ast
 import re
-import tempfile
 from pathlib import Path
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib
-from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 from hatchling.metadata.plugin.interface import MetadataHookInterface
 
-RESOURCE = "atom_vllm/_tested.json"
-
-
-def find_pins(root: str) -> Path:
-    for candidate in (Path(root).parent.parent / "ci" / "pins.toml", Path(root) / "ci" / "pins.toml"):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(f"ci/pins.toml not found above {root} (the one source of atom-vllm's tested vLLM versions)")
+PINS = Path("src") / "atom_vllm" / "_pins.py"
 
 
 def tested_versions(root: str) -> list[dict]:
-    entries = tomllib.loads(find_pins(root).read_text()).get("vllm") or []
+    """``TESTED`` of ``_pins.py``, read as a literal (the package itself is not importable at build time)."""
+    tree = ast.parse((Path(root) / PINS).read_text())
+    (value,) = [node.value for node in tree.body if isinstance(node, ast.Assign) and node.targets[0].id == "TESTED"]
+    entries = list(ast.literal_eval(value))
     if not entries:
-        raise ValueError("ci/pins.toml has no [[vllm]] entries")
+        raise ValueError(f"{PINS} has no tested vLLM releases")
     return entries
 
 
@@ -53,19 +43,6 @@ def extras(entries: list[dict]) -> dict[str, list[str]]:
     for distribution, (_, requirement) in newest.items():
         out[distribution] = [requirement]
     return out
-
-
-class TestedVersionsBuildHook(BuildHookInterface):
-    PLUGIN_NAME = "custom"
-
-    def initialize(self, version: str, build_data: dict) -> None:
-        if self.target_name == "sdist":
-            build_data["force_include"][str(find_pins(self.root))] = "ci/pins.toml"
-            return
-        out = Path(tempfile.mkdtemp(prefix="atom-vllm-build-")) / "_tested.json"
-        out.write_text(json.dumps({"vllm": tested_versions(self.root)}, indent=1) + "\n")
-        build_data["force_include"][str(out)] = RESOURCE
-        build_data.setdefault("force_include_editable", {})[str(out)] = RESOURCE
 
 
 class TestedVersionsMetadataHook(MetadataHookInterface):

@@ -166,7 +166,7 @@ def test_version_check_names_the_range():
 
 
 def test_generated_files_match_pins():
-    result = subprocess.run([sys.executable, str(ROOT / "ci" / "compat_tables.py"), "--check"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(ROOT / "ci" / "readme_tables.py"), "--check"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

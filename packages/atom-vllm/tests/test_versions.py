@@ -22,7 +22,7 @@ def pinned_releases() -> list[dict]:
 
 
 def test_shipped_list_is_the_pins():
-    """The installed package's list (``_tested.json`` in a wheel) is exactly ci/pins.toml's [[vllm]]."""
+    """The installed package's list (``atom_vllm/_pins.py``) is exactly ci/pins.toml's [[vllm]]."""
     got = [(r.distribution, r.version, r.torch, r.transformers, r.checks) for r in tested.tested_releases()]
     want = [(e["distribution"], e["version"], e["torch"], e["transformers"], tuple(e["checks"])) for e in pinned_releases()]
     assert got == want

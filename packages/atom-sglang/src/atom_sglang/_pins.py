@@ -1,4 +1,4 @@
-"""Generated from ci/pins.toml [sglang] by ci/compat_tables.py; do not edit (CI checks it)."""
+"""Generated from ci/pins.toml [sglang] by ci/readme_tables.py; do not edit (CI checks it)."""
 
 SUPPORTED = '>=0.5.21,<=0.5.23'
 TESTED = ('0.5.21', '0.5.23')
