@@ -13,7 +13,10 @@ from __future__ import annotations
 import torch
 
 
-def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None) -> str | None:
+def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None,
+                w13_bias=None, w2_bias=None, activation="silu") -> str | None:
+    if w13_bias is not None or w2_bias is not None or activation != "silu":
+        return "the AITER wrapper has no expert biases or activations other than silu"
     if quant is not None:
         return "the AITER wrapper has no quantized expert-weight path yet"
     if hidden.dtype not in (torch.float16, torch.bfloat16):
@@ -21,7 +24,8 @@ def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, qua
     return None
 
 
-def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None):
+def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None,
+              w13_bias=None, w2_bias=None, activation="silu"):
     from aiter import ActivationType, QuantType
     from aiter.fused_moe import fused_moe as aiter_fused_moe
 

@@ -7,8 +7,29 @@ import torch.nn.functional as F
 
 from atom_kernels.ops.fused_moe.weights import dequantize_expert, quantize_activation
 
+ACTIVATIONS = ("silu", "swigluoai")
+# gpt-oss' clamped SwiGLU (transformers' GptOssExperts): glu = g·σ(αg) with g ≤ limit, times (clamp(u) + 1)
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 
-def check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant) -> None:
+
+def activate(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """The expert activation on fp32 gate and up rows."""
+    if activation == "silu":
+        return F.silu(gate) * up
+    gate = gate.clamp(max=SWIGLU_LIMIT)
+    up = up.clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
+    return gate * torch.sigmoid(SWIGLU_ALPHA * gate) * (up + 1)
+
+
+def check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant, w13_bias=None, w2_bias=None,
+               activation="silu") -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"fused_moe: activation {activation!r} is not one of {ACTIVATIONS}")
+    size = hidden.shape[-1]
+    if w13_bias is not None and (w13_bias.dim() != 2 or w13_bias.shape[0] != w13.shape[0]):
+        raise ValueError(f"fused_moe: w13_bias {tuple(w13_bias.shape)} must be [E, 2I] with E={w13.shape[0]}")
+    if w2_bias is not None and tuple(w2_bias.shape) != (w2.shape[0], size):
+        raise ValueError(f"fused_moe: w2_bias {tuple(w2_bias.shape)} must be [E, H] = [{w2.shape[0]}, {size}]")
     if hidden.dim() != 2:
         raise ValueError(f"fused_moe: hidden must be [tokens, hidden], got {tuple(hidden.shape)}")
     if topk_ids.dim() != 2 or topk_ids.shape[0] != hidden.shape[0] or topk_weights.shape != topk_ids.shape:
@@ -29,8 +50,9 @@ def check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant) -> No
         raise ValueError(f"fused_moe: expert_map must be 1-D, got {tuple(expert_map.shape)}")
 
 
-def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None):
-    check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant)
+def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None,
+              w13_bias=None, w2_bias=None, activation="silu"):
+    check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant, w13_bias, w2_bias, activation)
     tokens, top_k = topk_ids.shape
     ids = topk_ids.long()
     local = expert_map.long()[ids] if expert_map is not None else ids
@@ -42,8 +64,10 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant
         gate_up = dequantize_expert(w13, quant.w13_scale if quant else None, expert, quant)
         down = dequantize_expert(w2, quant.w2_scale if quant else None, expert, quant)
         x = quantize_activation(hidden[token].float(), quant)
-        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-        act = quantize_activation((F.silu(gate) * up).to(hidden.dtype).float(), quant)
-        y = F.linear(act, down) * topk_weights[token, slot].float()[:, None]
+        b13 = w13_bias[expert].float() if w13_bias is not None else None
+        gate, up = F.linear(x, gate_up, b13).chunk(2, dim=-1)
+        act = quantize_activation(activate(gate, up, activation).to(hidden.dtype).float(), quant)
+        b2 = w2_bias[expert].float() if w2_bias is not None else None
+        y = F.linear(act, down, b2) * topk_weights[token, slot].float()[:, None]
         out.index_add_(0, token, y)
     return out.to(hidden.dtype)

@@ -4,10 +4,10 @@ sum over the k choices.
 1. :func:`moe_align_block_size` sorts the token-expert pairs by (local) expert into runs padded to
    ``block_m`` rows; every row block belongs to one expert (-1 past the end: those programs exit).
 2. ``_moe_up_kernel``: per (row block, column tile of I), rows gather their token's hidden state, two
-   fp32 accumulators take the gate and the up rows of ``w13[e]``; the epilogue writes
-   ``silu(gate) * up`` (hidden's dtype) at the row's position.
-3. ``_moe_down_kernel``: per (row block, column tile of H), ``act @ w2[e]ᵀ`` times the pair's routing
-   weight, written at the pair's index.
+   fp32 accumulators take the gate and the up rows of ``w13[e]`` (plus ``w13_bias[e]``); the epilogue
+   writes ``silu(gate) * up`` (or gpt-oss' clamped SwiGLU) in hidden's dtype at the row's position.
+3. ``_moe_down_kernel``: per (row block, column tile of H), ``act @ w2[e]ᵀ`` (plus ``w2_bias[e]``) times
+   the pair's routing weight, written at the pair's index.
 4. ``_moe_sum_kernel``: each token sums its k pair rows in fp32 (pairs of experts held elsewhere are
    skipped).  With k = 1 the down GEMM writes the output directly.
 
@@ -25,13 +25,18 @@ from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.ops._pdl import pdl_keywords, start_dependent
 from atom_kernels.ops._triton_common import dot_acc, grouped_tile
 from atom_kernels.ops.fused_moe.configs import MoeKernelConfig, config_for, fit_shared_memory
-from atom_kernels.ops.fused_moe.reference import check_args
+from atom_kernels.ops.fused_moe.reference import SWIGLU_ALPHA, SWIGLU_LIMIT, check_args
 from atom_kernels.ops.moe_align.triton import moe_align_block_size
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_ALPHA, _LIMIT = tl.constexpr(SWIGLU_ALPHA), tl.constexpr(SWIGLU_LIMIT)
 
 
-def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None) -> str | None:
+def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None,
+                w13_bias=None, w2_bias=None, activation="silu") -> str | None:
+    for name, bias in (("w13_bias", w13_bias), ("w2_bias", w2_bias)):
+        if bias is not None and bias.stride(-1) != 1:
+            return f"{name} must have contiguous rows"
     if quant is not None:  # quantized experts: triton_quant's kernels
         from atom_kernels.ops.fused_moe.triton_quant import unsupported_quant
 
@@ -46,12 +51,30 @@ def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, qua
 
 
 @triton.jit
+def expert_activation(gate, up, SWIGLU: tl.constexpr):
+    """fp32 gate and up -> ``silu(gate) * up``, or with SWIGLU gpt-oss' ``g·σ(αg)·(u + 1)`` (g ≤ limit, |u| ≤ limit)."""
+    if SWIGLU:
+        gate = tl.minimum(gate, _LIMIT)
+        up = tl.minimum(tl.maximum(up, -_LIMIT), _LIMIT)
+        return gate * tl.sigmoid(_ALPHA * gate) * (up + 1.0)
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
+def load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS: tl.constexpr):
+    """``bias[expert, cols]`` as fp32 (zeros without a bias)."""
+    if HAS_BIAS:
+        return tl.load(b_ptr + expert.to(tl.int64) * b_stride_e + cols, mask=col_ok, other=0.0).to(tl.float32)
+    return tl.zeros(cols.shape, dtype=tl.float32)
+
+
+@triton.jit
 def _moe_up_kernel(
     x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, act_ptr, sorted_ptr, block_experts_ptr,
-    num_pairs, num_row_blocks,
+    num_pairs, num_row_blocks, b_ptr, b_stride_e,
     TOP_K: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr = False, SWIGLU: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
@@ -89,7 +112,10 @@ def _moe_up_kernel(
         a_ptrs += BLOCK_K
         gate_ptrs += BLOCK_K
         up_ptrs += BLOCK_K
-    act = gate * tl.sigmoid(gate) * up
+    if HAS_BIAS:
+        gate += load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS)[None, :]
+        up += load_bias(b_ptr, expert, b_stride_e, cols + I, col_ok, HAS_BIAS)[None, :]
+    act = expert_activation(gate, up, SWIGLU)
     out_ptrs = act_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :]
     tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -97,10 +123,10 @@ def _moe_up_kernel(
 @triton.jit
 def _moe_down_kernel(
     act_ptr, w_ptr, w_stride_e, w_stride_n, out_ptr, weights_ptr, sorted_ptr, block_experts_ptr,
-    num_pairs, num_row_blocks,
+    num_pairs, num_row_blocks, b_ptr, b_stride_e,
     H: tl.constexpr, I: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
@@ -130,6 +156,8 @@ def _moe_down_kernel(
         acc = dot_acc(a, w, acc, IEEE)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS)[None, :]
     routing = tl.load(weights_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)
     acc = acc * routing[:, None]
     out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * H + cols[None, :]
@@ -161,12 +189,13 @@ def _launch_grid(num_row_blocks: int, cols: int, block_n: int) -> tuple[int]:
 
 
 def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None,
-              config: MoeKernelConfig | None = None):
-    check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant)
+              config: MoeKernelConfig | None = None, w13_bias=None, w2_bias=None, activation="silu"):
+    check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant, w13_bias, w2_bias, activation)
     if quant is not None:
         from atom_kernels.ops.fused_moe.triton_quant import fused_moe_quant
 
-        return fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, expert_map=expert_map, quant=quant, config=config)
+        return fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, expert_map=expert_map, quant=quant, config=config,
+                               w13_bias=w13_bias, w2_bias=w2_bias, activation=activation)
     tokens, size = hidden.shape
     top_k = topk_ids.shape[1]
     experts, two_inter, _ = w13.shape
@@ -189,19 +218,22 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant
     upcast = triton_interpreting()  # the CPU interpreter's bf16/fp16 dot is not exact; the GPU's is
     pdl_launch = pdl_keywords(hidden.device)
     up, down = cfg.up, cfg.down
+    b13 = w13_bias if w13_bias is not None else w13  # (never read without HAS_BIAS)
+    b2 = w2_bias if w2_bias is not None else w2
     _moe_up_kernel[_launch_grid(num_row_blocks, inter, up.block_n)](
         hidden, hidden.stride(0), w13, w13.stride(0), w13.stride(1), act, sorted_ids, block_experts,
-        num_pairs, num_row_blocks,
+        num_pairs, num_row_blocks, b13, b13.stride(0),
         TOP_K=top_k, H=size, I=inter, BLOCK_M=cfg.block_m, BLOCK_N=up.block_n, BLOCK_K=up.block_k,
-        GROUP_M=cfg.group_m, IEEE=ieee, UPCAST=upcast,
+        GROUP_M=cfg.group_m, IEEE=ieee, UPCAST=upcast, HAS_BIAS=w13_bias is not None,
+        SWIGLU=activation == "swigluoai",
         **pdl_launch, num_warps=up.num_warps, num_stages=up.num_stages,
     )
     pair_out = out if top_k == 1 else torch.empty((num_pairs, size), dtype=hidden.dtype, device=hidden.device)
     _moe_down_kernel[_launch_grid(num_row_blocks, size, down.block_n)](
         act, w2, w2.stride(0), w2.stride(1), pair_out, weights, sorted_ids, block_experts,
-        num_pairs, num_row_blocks,
+        num_pairs, num_row_blocks, b2, b2.stride(0),
         H=size, I=inter, BLOCK_M=cfg.block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k,
-        GROUP_M=cfg.group_m, IEEE=ieee, UPCAST=upcast,
+        GROUP_M=cfg.group_m, IEEE=ieee, UPCAST=upcast, HAS_BIAS=w2_bias is not None,
         **pdl_launch, num_warps=down.num_warps, num_stages=down.num_stages,
     )
     if top_k > 1:

@@ -25,7 +25,7 @@ import triton.language as tl
 from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.ops._triton_common import grouped_tile
 from atom_kernels.ops.fused_moe.configs import GemmTile, MoeKernelConfig, shape_class
-from atom_kernels.ops.fused_moe.triton import _moe_sum_kernel
+from atom_kernels.ops.fused_moe.triton import _moe_sum_kernel, expert_activation, load_bias
 from atom_kernels.ops.moe_align.triton import moe_align_block_size
 from atom_kernels.ops.mxfp4_mm.triton_small_m import _SHIFT, activation_k, chunk_groups, logical_tile, run_scales, word_runs
 
@@ -128,10 +128,11 @@ def _mma(w, x, acc, FORMAT: tl.constexpr, EXACT: tl.constexpr):
 @triton.jit
 def _moe_up_quant_kernel(
     x_ptr, x_stride, xs_ptr, xs_stride, w_ptr, w_stride_e, w_stride_n, s_ptr, s_stride_e, s_stride_n,
-    act_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks,
+    act_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks, b_ptr, b_stride_e,
     TOP_K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, FORMAT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr,
+    HAS_BIAS: tl.constexpr = False, SWIGLU: tl.constexpr = False,
 ):
     block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
     expert = tl.load(block_experts_ptr + block).to(tl.int64)
@@ -163,7 +164,10 @@ def _moe_up_quant_kernel(
     if FORMAT == 1:
         gate = gate * (2.0 ** SHIFT)
         up = up * (2.0 ** SHIFT)
-    act = gate * tl.sigmoid(gate) * up
+    if HAS_BIAS:
+        gate += load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS)[:, None]
+        up += load_bias(b_ptr, expert, b_stride_e, cols + I, col_ok, HAS_BIAS)[:, None]
+    act = expert_activation(gate, up, SWIGLU)
     out_ptrs = act_ptr + rows.to(tl.int64)[None, :] * I + cols[:, None]
     tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
 
@@ -171,10 +175,10 @@ def _moe_up_quant_kernel(
 @triton.jit
 def _moe_down_quant_kernel(
     a_ptr, a_stride, as_ptr, as_stride, w_ptr, w_stride_e, w_stride_n, s_ptr, s_stride_e, s_stride_n,
-    out_ptr, weights_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks,
+    out_ptr, weights_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks, b_ptr, b_stride_e,
     H: tl.constexpr, I: tl.constexpr, FORMAT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr,
+    EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr, HAS_BIAS: tl.constexpr = False,
 ):
     block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
     expert = tl.load(block_experts_ptr + block).to(tl.int64)
@@ -197,6 +201,8 @@ def _moe_down_quant_kernel(
             acc = _mma(w, a, acc, FORMAT, EXACT)
     if FORMAT == 1:
         acc = acc * (2.0 ** SHIFT)
+    if HAS_BIAS:
+        acc += load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS)[:, None]
     routing = tl.load(weights_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)
     acc = acc * routing[None, :]
     out_ptrs = out_ptr + pairs.to(tl.int64)[None, :] * H + cols[:, None]
@@ -208,7 +214,7 @@ def quant_config_for(num_pairs: int, num_experts: int) -> MoeKernelConfig:
 
 
 def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None,
-                    config: MoeKernelConfig | None = None):
+                    config: MoeKernelConfig | None = None, w13_bias=None, w2_bias=None, activation="silu"):
     from atom_kernels import quant_fp8
 
     tokens, size = hidden.shape
@@ -242,11 +248,14 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
         w13v, w2v = w13.view(torch.int32), w2.view(torch.int32)  # 8 codes per word
         s13, s2 = quant.w13_scale.view(torch.uint8), quant.w2_scale.view(torch.uint8)
     act = torch.empty((sorted_ids.numel(), inter), dtype=hidden.dtype, device=hidden.device)
+    b13 = w13_bias if w13_bias is not None else hidden  # (never read without HAS_BIAS)
+    b2 = w2_bias if w2_bias is not None else hidden
     _moe_up_quant_kernel[(num_row_blocks * triton.cdiv(inter, up.block_n),)](
         x, x.stride(0), xs, xs.stride(0), w13v, w13v.stride(0), w13v.stride(1), s13, s13.stride(0), s13.stride(1),
-        act, sorted_ids, block_experts, num_pairs, num_row_blocks,
+        act, sorted_ids, block_experts, num_pairs, num_row_blocks, b13, b13.stride(0),
         TOP_K=top_k, H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=up.block_n, BLOCK_K=k_up,
-        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_up, num_warps=up.num_warps, num_stages=up.num_stages,
+        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_up, HAS_BIAS=w13_bias is not None,
+        SWIGLU=activation == "swigluoai", num_warps=up.num_warps, num_stages=up.num_stages,
     )
     if fmt == FP8_BLOCK:
         a, a_s = quant_fp8(act, SCALE_BLOCK)
@@ -255,9 +264,10 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
     pair_out = out if top_k == 1 else torch.empty((num_pairs, size), dtype=hidden.dtype, device=hidden.device)
     _moe_down_quant_kernel[(num_row_blocks * triton.cdiv(size, down.block_n),)](
         a, a.stride(0), a_s, a_s.stride(0), w2v, w2v.stride(0), w2v.stride(1), s2, s2.stride(0), s2.stride(1),
-        pair_out, weights, sorted_ids, block_experts, num_pairs, num_row_blocks,
+        pair_out, weights, sorted_ids, block_experts, num_pairs, num_row_blocks, b2, b2.stride(0),
         H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=down.block_n, BLOCK_K=k_down,
-        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_down, num_warps=down.num_warps,
+        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_down, HAS_BIAS=w2_bias is not None,
+        num_warps=down.num_warps,
         num_stages=down.num_stages,
     )
     if top_k > 1:
