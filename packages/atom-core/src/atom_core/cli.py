@@ -96,7 +96,7 @@ def _chat_texts(model_dir: Path, prompts: list[str]) -> list[str]:
 def cmd_env(args: argparse.Namespace) -> int:
     import atom_core
     import atom_kernels
-    from atom_core import catalog
+    from atom_core import catalog, versions
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     info = {
@@ -104,6 +104,9 @@ def cmd_env(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "atom_core": atom_core.__version__,
         "atom_kernels": atom_kernels.__version__,
+        # the installed ATOM distributions, and any range one declares that another breaks
+        "distributions": {name: version or "not installed" for name, version in versions.installed().items()},
+        "version_mismatches": [line for name in versions.DISTRIBUTIONS for line in versions.mismatches(name)],
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "rocm": torch.version.hip is not None,
         "kernel_backends": atom_kernels.describe(device),

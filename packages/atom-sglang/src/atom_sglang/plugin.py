@@ -22,6 +22,13 @@ PACKAGE = "atom_sglang.models"
 
 
 def register() -> None:
+    from atom_core.versions import VersionMismatch, check_requirements
+
+    try:
+        check_requirements("atom-sglang")
+    except VersionMismatch as error:
+        logger.error("atom-sglang: %s", error)
+        raise
     version = compat.installed_version()
     reason = compat.unsupported_reason(version)
     if reason is not None:

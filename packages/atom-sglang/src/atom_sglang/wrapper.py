@@ -31,6 +31,7 @@ from atom_core.catalog import ArchSpec
 from atom_core.config import text_config
 from atom_core.errors import UnsupportedConfigError
 from atom_core.quant import parse_quant_config
+from atom_core.versions import check_requirements
 from atom_sglang import capabilities, compat
 from atom_sglang.host import SGLangHost
 from atom_sglang.linear_attention import check_state_plan
@@ -48,6 +49,7 @@ class SGLangCausalLM(nn.Module):
 
     def __init__(self, config: Any, quant_config: Any = None, prefix: str = ""):
         name = type(self).__name__
+        check_requirements("atom-sglang")
         compat.check_version()
         reason = compat.unsupported_parallelism()
         if reason is not None:

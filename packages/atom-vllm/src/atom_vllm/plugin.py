@@ -37,6 +37,9 @@ def register() -> dict[str, str]:
     if _registered is not None:
         return _registered
 
+    from atom_core.versions import check_requirements
+
+    check_requirements("atom-vllm")  # an atom-core outside atom-vllm's range: an error naming both versions
     from atom_vllm import compat
     from atom_vllm.capabilities import plan
 
