@@ -17,7 +17,8 @@ def _row(op, impl, tokens, timing, nbytes, ctx):
     us = timing["us"]
     floor_us = nbytes / ctx["copy_bytes_per_s"] * 1e6
     return {"op": op, "impl": impl, "tokens": tokens, "us": us, "graph": timing["graph"], "bytes": nbytes,
-            "TBps": nbytes / (us * 1e-6) / 1e12, "floor_us": floor_us, "x_floor": us / floor_us}
+            "TBps": nbytes / (us * 1e-6) / 1e12, "floor_us": floor_us, "x_floor": us / floor_us,
+            "samples_us": timing.get("samples_us")}
 
 
 def _cases(tokens: int):

@@ -76,7 +76,8 @@ def _row(case: str, impl: str, timing: dict | Exception, nbytes: int, ctx: dict,
     us = timing["us"]
     floor_us = nbytes / ctx["copy_bytes_per_s"] * 1e6
     row = {"case": case, "impl": impl, "us": us, "graph": timing["graph"], "bytes": nbytes,
-           "TBps": nbytes / (us * 1e-6) / 1e12, "floor_us": floor_us, "ratio_to_floor": us / floor_us}
+           "TBps": nbytes / (us * 1e-6) / 1e12, "floor_us": floor_us, "ratio_to_floor": us / floor_us,
+           "samples_us": timing.get("samples_us")}
     if flops:
         row["flops"] = flops
         row["TFLOPs"] = flops / (us * 1e-6) / 1e12

@@ -87,7 +87,7 @@ class _Case:
         floor_us = max(nbytes / self.ctx["copy_bytes_per_s"], self.flops / rate) * 1e6
         return {**base, "us": us, "graph": timing["graph"], "bytes": nbytes, "flops": self.flops,
                 "TBps": nbytes / (us * 1e-6) / 1e12, "TFLOPs": self.flops / (us * 1e-6) / 1e12,
-                "floor_us": floor_us, "x_floor": us / floor_us, **self.peers}
+                "floor_us": floor_us, "x_floor": us / floor_us, "samples_us": timing.get("samples_us"), **self.peers}
 
 
 def _gemm_rows(case: _Case, sweep: bool) -> list[dict]:

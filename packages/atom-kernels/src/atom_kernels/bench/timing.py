@@ -11,7 +11,8 @@ import torch
 
 def measure(fn: Callable[[], object], *, use_graph: bool = True, calls_per_graph: int = 20, warmup: int = 3,
             reps: int = 30) -> dict:
-    """Median device time of one call of ``fn``: ``{"us": float, "graph": bool}``.
+    """Median device time of one call of ``fn``: ``{"us": float, "graph": bool, "samples_us": [float]}``
+    (``samples_us``: each timed repetition's time per call, what a regression check tests).
 
     With ``use_graph`` (the default), ``calls_per_graph`` calls are captured back to back into one CUDA
     graph and each replay is timed with events, so neither Python nor the host's launch latency is in the
@@ -33,7 +34,7 @@ def measure(fn: Callable[[], object], *, use_graph: bool = True, calls_per_graph
             with torch.cuda.graph(graph):
                 for _ in range(calls_per_graph):
                     fn()
-            return {"us": _median_event_us(graph.replay, reps) / calls_per_graph, "graph": True}
+            return _timing(_event_us(graph.replay, reps), calls_per_graph, graph=True)
         except RuntimeError:
             torch.cuda.synchronize()
 
@@ -41,7 +42,12 @@ def measure(fn: Callable[[], object], *, use_graph: bool = True, calls_per_graph
         for _ in range(calls_per_graph):
             fn()
 
-    return {"us": _median_event_us(eager, reps) / calls_per_graph, "graph": False}
+    return _timing(_event_us(eager, reps), calls_per_graph, graph=False)
+
+
+def _timing(samples: list[float], calls: int, graph: bool) -> dict:
+    per_call = [t / calls for t in samples]
+    return {"us": statistics.median(per_call), "graph": graph, "samples_us": [round(t, 4) for t in per_call]}
 
 
 def median_us(fn: Callable[[], object], *, rotate: int | None = None, **kw) -> float:
@@ -51,7 +57,7 @@ def median_us(fn: Callable[[], object], *, rotate: int | None = None, **kw) -> f
     return measure(fn, **kw)["us"]
 
 
-def _median_event_us(run: Callable[[], object], reps: int) -> float:
+def _event_us(run: Callable[[], object], reps: int) -> list[float]:
     samples = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -60,7 +66,7 @@ def _median_event_us(run: Callable[[], object], reps: int) -> float:
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(samples)
+    return samples
 
 
 def copy_bandwidth_bytes_per_s(nbytes: int = 2 << 30) -> float:
