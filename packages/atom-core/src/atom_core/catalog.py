@@ -103,6 +103,15 @@ _TINY_QWEN3_5_MOE = dict(
                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=96, shared_expert_intermediate_size=128),
 )
 
+# Tiny gpt-oss: a sliding-window layer (window 16, shorter than the parity prompts) then a full one, YaRN
+# rope (factor 8 over 64 original positions, untruncated as gpt-oss' own), 8 experts of 96 features, top-4.
+_TINY_GPT_OSS = dict(
+    _TINY_MOE, intermediate_size=96, num_local_experts=8, num_experts_per_tok=4, attention_bias=True,
+    layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "original_max_position_embeddings": 64,
+                     "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
+)
+
 # Checkpoint formats (and online schemes) every dense decoder loads through atom_core.quant:
 # quant_method fp8 (per tensor or 128x128 blocks), compressed-tensors FP8 (PTPC / tensor / block),
 # AMD Quark MXFP4; online ptpc-fp8 / fp8-block / mxfp4.
@@ -156,6 +165,10 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             tiny=dict(_TINY_MOE, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=96,
                       n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
                       first_k_dense_replace=1, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5),
+        ),
+        ArchSpec(
+            "GptOssForCausalLM", "atom_core.models.gpt_oss:GptOssForCausalLM", "gpt_oss",
+            "transformers:GptOssForCausalLM", "gpt_oss", quant_formats=("mxfp4", "quark-mxfp4"), tiny=_TINY_GPT_OSS,
         ),
         ArchSpec(
             "Qwen3NextForCausalLM", "atom_core.models.qwen3_next:Qwen3NextForCausalLM", "qwen3_next",

@@ -1,8 +1,9 @@
 """Mixture-of-experts layers: the router, the routed experts (one fused kernel over stacked weights)
 and the sparse MoE block that adds an optional (sigmoid-gated) shared expert.
 
-    weights, ids = topk_routing(x Wᵣᵀ)                                      Router
+    weights, ids = topk_routing(x Wᵣᵀ (+ bᵣ))                               Router
     y = Σ_j weights_j · W2[e_j] (silu(W1[e_j] x) ⊙ W3[e_j] x)             FusedMoE (+ all-reduce)
+        (optionally with expert biases and gpt-oss' clamped SwiGLU, see ``atom_kernels.fused_moe``)
     y += σ(x wₛᵀ) · shared_expert(x)                                        SparseMoeBlock
 
 Parallelism, from the host: under tensor parallelism each rank holds every expert's slice of the
@@ -32,6 +33,7 @@ from atom_core.host import Host
 from atom_core.layers.linear import ReplicatedLinear
 from atom_core.layers.params import copy_checked, divide, make_param
 from atom_kernels import fused_moe, topk_routing
+from atom_kernels.ops.fused_moe import ACTIVATIONS
 
 # projection -> (parameter group, position of its slice within the group's intermediate dim)
 PROJECTIONS: dict[str, tuple[str, int]] = {"gate": ("w13", 0), "up": ("w13", 1), "down": ("w2", 0)}
@@ -57,6 +59,7 @@ class RouterConfig:
     correction_bias: bool = False
     fp32_logits: bool = False
     weights_in_input_dtype: bool = False
+    bias: bool = False  # the router GEMM has a bias (gpt-oss)
 
 
 class Router(nn.Module):
@@ -66,6 +69,7 @@ class Router(nn.Module):
         super().__init__()
         self.config = config
         self.weight = make_param((config.num_experts, hidden_size), torch.get_default_dtype())
+        self.bias = make_param((config.num_experts,), torch.get_default_dtype()) if config.bias else None
         if config.correction_bias:
             self.e_score_correction_bias = make_param((config.num_experts,), torch.float32)
         else:
@@ -73,7 +77,10 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        logits = F.linear(x.float(), self.weight.float()) if cfg.fp32_logits else F.linear(x, self.weight)
+        if cfg.fp32_logits:
+            logits = F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
+        else:
+            logits = F.linear(x, self.weight, self.bias)
         weights, ids = topk_routing(
             logits, cfg.top_k, scoring=cfg.scoring, renormalize=cfg.renormalize,
             correction_bias=self.e_score_correction_bias, n_group=cfg.n_group, topk_group=cfg.topk_group,
@@ -105,7 +112,8 @@ class UnquantizedMoEMethod(MoEMethod):
         layer.w2_weight = layer.expert_param((experts, hidden, inter), params_dtype, "w2")
 
     def apply(self, layer: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids, expert_map=layer.expert_map)
+        return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids, expert_map=layer.expert_map,
+                         **layer.kernel_options())
 
 
 def expert_partition(num_experts: int, rank: int, world: int) -> tuple[int, int]:
@@ -119,11 +127,13 @@ class FusedMoE(nn.Module):
     (all-reduced over the host's tensor-parallel group unless ``reduce_results`` is False)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, host: Host, prefix: str = "",
-                 reduce_results: bool = True, params_dtype: torch.dtype | None = None, activation: str = "silu"):
+                 reduce_results: bool = True, params_dtype: torch.dtype | None = None, activation: str = "silu",
+                 bias: bool = False):
         super().__init__()
-        if activation != "silu":
-            raise UnsupportedConfigError(f"{prefix}: expert activation {activation!r} is not supported (only silu)")
+        if activation not in ACTIVATIONS:
+            raise UnsupportedConfigError(f"{prefix}: expert activation {activation!r} is not supported ({', '.join(ACTIVATIONS)})")
         self.prefix = prefix
+        self.activation = activation
         self.tp = host.tp
         self.reduce_results = reduce_results
         self.num_experts = num_experts
@@ -149,17 +159,30 @@ class FusedMoE(nn.Module):
         method = getattr(host.quant, "moe_method", None) if host.quant is not None else None
         self.quant_method: MoEMethod = (method(self, prefix) if method is not None else None) or UnquantizedMoEMethod()
         self.quant_method.create_weights(self, params_dtype or torch.get_default_dtype())
+        self.w13_bias = self.w2_bias = None
+        if bias:  # w13: gate then up biases of this rank's intermediate slice; w2: whole (added by one TP rank)
+            dtype = params_dtype or torch.get_default_dtype()
+            self.w13_bias = self.expert_param((self.num_local_experts, 2 * self.inter_partition), dtype, "w13")
+            self.w2_bias = self.expert_param((self.num_local_experts, hidden_size), dtype, "w2", whole=True)
+
+    def kernel_options(self) -> dict[str, Any]:
+        """The activation and biases every MoE method passes to ``fused_moe``.  Under tensor parallelism the
+        down bias is added by rank 0 only (the ranks' partial outputs are summed)."""
+        w2_bias = self.w2_bias if (self.expert_parallel or self.tp.rank == 0) else None
+        return {"activation": self.activation, "w13_bias": self.w13_bias, "w2_bias": w2_bias}
 
     # ----------------------------------------------------------------------------------- params
     def expert_param(self, shape: tuple[int, ...], dtype: torch.dtype, group: str, *, inter_divisor: int = 1,
-                     per_shard: bool = False) -> nn.Parameter:
+                     per_shard: bool = False, whole: bool = False) -> nn.Parameter:
         """A stacked expert parameter of ``group`` ("w13" or "w2") that this layer's loader fills.
 
         ``inter_divisor``: intermediate features per element along the group's intermediate dim (block
         scales); ``per_shard``: one value per expert and projection (per-tensor scales:
-        ``[E, 2]`` for w13, ``[E]`` for w2)."""
+        ``[E, 2]`` for w13, ``[E]`` for w2); ``whole``: each expert's tensor has no intermediate dim and
+        is copied whole (the down projection's bias)."""
         param = make_param(shape, dtype, weight_loader=self.weight_loader)
         param.moe_group = group
+        param.whole = whole
         param.inter_divisor = inter_divisor
         param.per_shard = per_shard
         held = range(self.first_expert, self.first_expert + self.num_local_experts)
@@ -199,6 +222,9 @@ class FusedMoE(nn.Module):
         if local is None:
             return
         target = param.data[local]
+        if param.whole:
+            copy_checked(target, loaded)
+            return
         if param.per_shard:
             copy_checked(target.reshape(-1)[index : index + 1], loaded.reshape(1) if loaded.dim() == 0 else loaded)
             return

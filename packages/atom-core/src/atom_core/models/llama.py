@@ -22,6 +22,7 @@ from atom_core.layers.activation import SiluAndMul
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
+from atom_core.layers.params import copy_checked, make_param, materialize
 from atom_core.layers.rotary import get_rope
 from atom_core.loader import WeightMapper
 from atom_core.models.base import CausalLM
@@ -34,6 +35,7 @@ class AttentionOptions:
     qkv_bias: bool
     o_bias: bool
     qk_norm: bool = False
+    sinks: bool = False  # one learned "sink" logit per head joins each softmax (gpt-oss)
 
 
 class GatedMLP(nn.Module):
@@ -63,15 +65,28 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if options.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if options.qk_norm else None
         self.rotary_emb = get_rope(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope)
+        heads = self.qkv_proj.num_heads
+        self.sinks = None
+        if options.sinks:
+            self.sinks = make_param((heads,), torch.float32, weight_loader=head_slice_loader(host.tp.rank * heads))
         self.attn = host.attention(
-            f"{prefix}.attn", layer_id, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
-            cfg.head_dim**-0.5, sliding_window=cfg.sliding_windows[layer_id],
+            f"{prefix}.attn", layer_id, heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
+            cfg.head_dim**-0.5, sliding_window=cfg.sliding_windows[layer_id], sinks=self.sinks,
         )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)  # Qwen3: per-head norms, fused
         return self.o_proj(self.attn(q, k, v))
+
+
+def head_slice_loader(start: int):
+    """Loads this rank's ``[start, start + heads)`` slice of a per-head checkpoint vector (attention sinks)."""
+
+    def load(param: nn.Parameter, loaded, shard_id=None) -> None:
+        copy_checked(param.data, materialize(loaded)[start : start + param.shape[0]])
+
+    return load
 
 
 # (layer id, module prefix) -> the layer's MLP (dense, or a mixture of experts)

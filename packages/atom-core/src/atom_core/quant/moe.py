@@ -40,7 +40,7 @@ def _run(layer: FusedMoE, x, topk_weights, topk_ids, quant):
     from atom_kernels import fused_moe
 
     return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids, expert_map=layer.expert_map,
-                     quant=quant)
+                     quant=quant, **layer.kernel_options())
 
 
 class Fp8BlockMoEMethod(MoEMethod):

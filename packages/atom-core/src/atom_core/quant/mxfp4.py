@@ -201,11 +201,13 @@ class GptOssMxfp4Config(QuantConfig):
     def moe_method(self, layer: Any, prefix: str):
         if matches_any(prefix, self.not_converted):
             return None
-        raise UnsupportedQuantizationError(
-            f"{prefix}: gpt-oss MXFP4 experts (stacked *_blocks / *_scales with interleaved gate|up, biases and a "
-            "clamped SwiGLU) need the gpt-oss model, which is not in the catalog; the expert weights themselves "
-            "convert with gpt_oss_expert_layout"
-        )
+        if getattr(layer, "activation", None) != "swigluoai":
+            raise UnsupportedQuantizationError(
+                f"{prefix}: gpt-oss MXFP4 experts (quant_method: mxfp4) load into GptOssForCausalLM only"
+            )
+        from atom_core.quant.moe import Mxfp4MoEMethod
+
+        return Mxfp4MoEMethod()  # atom_core.models.gpt_oss splits the stacked blocks / scales per expert
 
 
 def gpt_oss_expert_layout(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,11 +30,12 @@ the sum over k, and the sum is rounded once.  ``out`` has ``hidden``'s dtype and
 from atom_kernels.dispatch import register_op
 from atom_kernels.ops.fused_moe import expert_formats  # noqa: E402,F401  (registers fp8-block and mxfp4)
 from atom_kernels.ops.fused_moe.configs import CONFIGS, GemmTile, MoeKernelConfig, config_for
+from atom_kernels.ops.fused_moe.reference import ACTIVATIONS
 from atom_kernels.ops.fused_moe.weights import ExpertQuant, dequantize_expert, register_expert_format
 
 fused_moe = register_op("fused_moe", __name__)
 
 __all__ = [
-    "CONFIGS", "ExpertQuant", "GemmTile", "MoeKernelConfig", "config_for", "dequantize_expert", "fused_moe",
+    "ACTIVATIONS", "CONFIGS", "ExpertQuant", "GemmTile", "MoeKernelConfig", "config_for", "dequantize_expert", "fused_moe",
     "register_expert_format",
 ]

@@ -1,0 +1,114 @@
+"""gpt-oss against transformers' GptOssForCausalLM on tiny random checkpoints (fp32, CPU).
+
+The tiny config (catalog) has a sliding-window layer (window 16: the longest parity prompt, 50 tokens, passes
+it) and a full-attention layer, YaRN rope, 8 experts top-4.  transformers initialises sinks and biases to
+values that could hide a bug (zeros), so every sink and bias is randomised before the checkpoint is saved.
+Parity (``parity.check_model``): prefill logits of three prompts within 1e-4, the same greedy tokens, decode
+log-probabilities within 1e-4 — with bf16 experts, and with MXFP4 experts (the published ``*_blocks`` /
+``*_scales`` layout) against transformers on the dequantized weights.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import hf_model
+from parity import check_model
+from safetensors.torch import load_file, save_file
+
+from atom_core.errors import UnsupportedConfigError
+from atom_core.layers.moe import FusedMoE
+from atom_core.models.gpt_oss import per_expert_tensors
+from atom_kernels import formats
+
+ARCH = "GptOssForCausalLM"
+NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_dir(tiny, tmp_path_factory) -> str:
+    """The catalog's tiny gpt-oss with random sinks and biases (scaled to matter: sinks ~ N(0, 1))."""
+    src = tiny(ARCH)
+    dst = tmp_path_factory.getbasetemp() / "gpt-oss-random-sinks"
+    if not (dst / "config.json").exists():
+        model = hf_model(src)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith(("sinks", "bias")):
+                    param.copy_(torch.randn(param.shape, generator=gen) * (1.0 if name.endswith("sinks") else 0.1))
+        model.save_pretrained(str(dst))
+        for extra in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(Path(src) / extra, dst / extra)
+    return str(dst)
+
+
+def _mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``w [E, N, K]`` -> gpt-oss ``blocks [E, N, K/32, 16]``, ``scales [E, N, K/32]`` and the dequantized weight."""
+    packed, scales = formats.quantize_mxfp4(w)
+    e, n, k = w.shape
+    return packed.reshape(e, n, k // 32, 16), scales.view(torch.uint8), formats.dequantize_mxfp4(packed, scales)
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_mxfp4(gpt_oss_dir, tmp_path_factory) -> tuple[str, str]:
+    """(the MXFP4 checkpoint as published: experts as blocks/scales, quant_method mxfp4; the same model with the
+    dequantized experts in bf16 layout, for transformers)."""
+    base = tmp_path_factory.getbasetemp()
+    quant, dequant = base / "gpt-oss-mxfp4", base / "gpt-oss-mxfp4-dequant"
+    if not (quant / "config.json").exists():
+        src = Path(gpt_oss_dir)
+        tensors = load_file(str(src / "model.safetensors"))
+        out, ref = {}, dict(tensors)
+        for name, t in tensors.items():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                blocks, scales, deq = _mxfp4(t.transpose(1, 2).contiguous())  # stored in x out; MXFP4 groups run along in
+                out[f"{name}_blocks"], out[f"{name}_scales"] = blocks, scales
+                ref[name] = deq.transpose(1, 2).contiguous()
+            else:
+                out[name] = t
+        config = json.loads((src / "config.json").read_text())
+        for dst, data, cfg in ((quant, out, {**config, "quantization_config": {
+                "quant_method": "mxfp4", "modules_to_not_convert": NOT_CONVERTED}}), (dequant, ref, config)):
+            dst.mkdir()
+            save_file(data, str(dst / "model.safetensors"), metadata={"format": "pt"})
+            (dst / "config.json").write_text(json.dumps(cfg))
+            for extra in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(src / extra, dst / extra)
+    return str(quant), str(dequant)
+
+
+def test_fp32_parity(gpt_oss_dir):
+    runner = check_model(gpt_oss_dir, hf_model(gpt_oss_dir))
+    layers = runner.model.model.layers
+    assert [layer.self_attn.attn.sliding_window for layer in layers] == [16, None]
+    assert layers[0].self_attn.sinks.abs().min() > 0 and layers[0].mlp.experts.w2_bias.abs().min() > 0
+
+
+def test_mxfp4_experts_parity(gpt_oss_mxfp4):
+    quant, dequant = gpt_oss_mxfp4
+    runner = check_model(quant, hf_model(dequant))
+    experts = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
+    assert experts and all(m.w13_weight.dtype == torch.uint8 for m in experts)
+
+
+def test_stacked_experts_split_per_expert():
+    """Interleaved gate|up columns: gate = even, up = odd; weights transposed to out x in."""
+    e, h, i = 2, 4, 3
+    gate_up = torch.arange(e * h * 2 * i, dtype=torch.float32).reshape(e, h, 2 * i)
+    got = dict(per_expert_tensors([("m.experts.gate_up_proj", gate_up), ("m.experts.down_proj_bias", torch.ones(e, h)),
+                                   ("m.norm.weight", torch.ones(h))]))
+    assert torch.equal(got["m.experts.1.gate_proj.weight"], gate_up[1, :, 0::2].T)
+    assert torch.equal(got["m.experts.1.up_proj.weight"], gate_up[1, :, 1::2].T)
+    assert got["m.experts.0.down_proj.bias"].shape == (h,) and "m.norm.weight" in got
+
+
+def test_other_swiglu_constants_are_refused(tiny):
+    from atom_core.runtime.runner import Runner
+
+    with pytest.raises(UnsupportedConfigError, match="swiglu_limit = 5.0"):
+        Runner(tiny(ARCH, swiglu_limit=5.0))
