@@ -338,3 +338,39 @@ def _define_sglang_session(version: str) -> None:
 
 for _version in SGLANG_CI:
     _define_sglang_session(_version)
+
+
+# ---- benchmark dashboard ----------------------------------------------------------------------------------
+def ensure_chromium(session: nox.Session) -> None:
+    """Debian's chromium for the dashboard's browser test: present, or installed with apt-get (CI runs as root);
+    an error naming the cause when it cannot be."""
+    if Path("/usr/bin/chromium").is_file():
+        return
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        session.error("the dashboard test needs Chromium: apt-get install -y chromium (as root)")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        session.run("apt-get", "install", "-y", "-q", "chromium", external=True, env=env)
+    except nox.command.CommandFailed:
+        session.run("apt-get", "update", "-q", external=True, env=env)
+        session.run("apt-get", "install", "-y", "-q", "chromium", external=True, env=env)
+    if not Path("/usr/bin/chromium").is_file():
+        session.error("apt-get installed no /usr/bin/chromium: the dashboard test cannot run")
+
+
+@nox.session(tags=["ci"])
+def dashboard(session: nox.Session) -> None:
+    """Build the benchmark dashboard from every run under bench/results (ci/dashboard.py: plotly, works offline from
+    file://), check the newest run against the previous one on the same GPU (ci/regression.py), then test both:
+    seeded regressions, and the dashboard in headless Chromium (charts drawn, filters work). The dashboard lands in
+    $ATOM_NOX_ENVDIR/dashboard, screenshots in $ATOM_ARTIFACTS_DIR (default $ATOM_NOX_ENVDIR/artifacts)."""
+    ensure_chromium(session)
+    session.install(*pinned("plotly", "scipy", "numpy", "playwright", table=PINS["dashboard"]),
+                    *pinned("pytest", table=TOOLS))
+    artifacts = Path(os.environ.get("ATOM_ARTIFACTS_DIR", SCRATCH / "artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    env = scratch_env("dashboard") | {"ATOM_ARTIFACTS_DIR": str(artifacts)}
+    session.run("python", "ci/dashboard.py", "--out", str(SCRATCH / "dashboard"), "--chart-image",
+                str(artifacts / "dashboard-chart.png"), env=env)
+    session.run("python", "ci/regression.py", env=env)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "ci/tests/test_dashboard.py", env=env)
