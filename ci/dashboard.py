@@ -16,6 +16,7 @@ import html
 import json
 import sys
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -217,6 +218,41 @@ bytes or FLOPs over the measured copy bandwidth or matmul rate.</p>
 </body></html>"""
 
 
+CHROMIUM = "/usr/bin/chromium"  # Debian's package (apt-get install chromium); playwright drives it, never downloads one
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@contextmanager
+def browser_page(index: Path, width: int = 1400, height: int = 1000):
+    """A headless Chromium page (fresh profile, no network) showing ``index`` from its file:// URL, once the
+    first chart is drawn."""
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).is_file():
+        raise SystemExit(f"dashboard: no Chromium at {CHROMIUM}: apt-get install -y chromium")
+    with sync_playwright() as pw, tempfile.TemporaryDirectory(prefix="atom-chromium-") as profile:
+        browser = pw.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                                                        headless=True, viewport={"width": width, "height": height})
+        try:
+            page = browser.new_page()
+            page.goto(index.resolve().as_uri())
+            page.wait_for_function("document.querySelector('section.card[data-drawn] .main-svg') !== null",
+                                   timeout=60_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def chart_image(index: Path, png: Path) -> Path:
+    """A PNG of the dashboard's first chart (the README shows it)."""
+    with browser_page(index) as page:
+        page.locator("section.card").first.screenshot(path=str(png))
+    return png
+
+
 def build(out: Path, results: Path = RESULTS) -> Path:
     from plotly.offline import get_plotlyjs
 
@@ -231,9 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python ci/dashboard.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--out", type=Path, required=True, help="folder for index.html and plotly.min.js")
+    parser.add_argument("--chart-image", type=Path, help="also write a PNG of the first chart here (headless Chromium)")
     args = parser.parse_args(argv)
     index = build(args.out, args.results)
     print(f"dashboard: {index.resolve().as_uri()}")
+    if args.chart_image:
+        print(f"dashboard: chart image {chart_image(index, args.chart_image)}")
     return 0
 
 
