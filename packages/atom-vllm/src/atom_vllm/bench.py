@@ -171,7 +171,8 @@ def summarize(runs: list[dict], batch: int, output_len: int) -> dict:
     ttft = [r["ttft_s"] * 1e3 for r in mine]
 
     def spread(values):
-        return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+        return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2),
+                "samples": [round(v, 3) for v in values]}  # every repeat: ci/regression.py tests them
 
     return {"output_tok_per_s": spread(tput), "tpot_ms": spread(tpot), "ttft_ms": spread(ttft)}
 
