@@ -4,14 +4,17 @@
 
 For each model a random-weight checkpoint of the real shape (few layers) is written once, in bf16 and in each
 other format of ``--formats`` (``atom quantize``'s output, which both implementations load: the same bytes);
-``--checkpoint NAME=DIR`` adds a real checkpoint as it is.  Then, for each model, format and
-implementation, one engine process runs ``LLM.generate`` with vLLM's defaults (CUDA graphs, torch.compile,
-chunked prefill, prefix caching) and ``max_num_batched_tokens``:
+``--checkpoint NAME=DIR`` adds a real checkpoint as it is.  Then, for each model and format, one engine
+process per implementation runs ``LLM.generate`` with vLLM's defaults (CUDA graphs, torch.compile, chunked
+prefill, prefix caching) and ``max_num_batched_tokens``.  The engines are alive together, each with an equal
+share of GPU memory, and take turns: every timed run of one is next to the same run of the other, so the
+machine's drift over minutes (clocks, neighbours) cannot favour the implementation that ran first.
 
 * agreement: greedy tokens and the log-probabilities of prompt and output tokens on a fixed prompt set;
 * speed, per batch size: ``repeats`` runs of ``batch`` random prompts (fresh ones every run, so the prefix
-  cache never hits), each timed with 1 output token (TTFT: the batch's prefill) and with ``output_len``
-  tokens (``ignore_eos``): output tokens/s = batch * output_len / time, TPOT = (time - TTFT) / (output_len - 1);
+  cache never hits; the same ones for every implementation), each timed with 1 output token (TTFT: the
+  batch's prefill) and with ``output_len`` tokens (``ignore_eos``): output tokens/s = batch * output_len /
+  time, TPOT = (time - TTFT) / (output_len - 1);
 * start-up: ``LLM(...)`` construction (weights, profiling, compilation, CUDA-graph capture);
 * optionally (``--profile``) GPU kernel time per kernel name, from vLLM's torch profiler, over one run of the
   first batch size with short prompts (mostly decode steps), beside that run's wall time and its count of
@@ -63,61 +66,112 @@ def random_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[
     return torch.randint(10, vocab, (count, length), generator=gen).tolist()
 
 
-# ---- one engine (a subprocess per implementation) -------------------------------------------------------------
+# ---- one engine (a subprocess per implementation, alive for the whole comparison) -------------------------------
 def model_module(model) -> str:
     """Run in vLLM's worker (``apply_model``): which implementation the engine built.  A module-level function of
     an importable module, so the engine-core process can unpickle it."""
     return type(model).__module__
 
 
-def run_engine(job: dict) -> dict:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+class Engine:
+    """One ``LLM`` and the requests the comparison sends it: agreement, one timed run, one profiled run."""
 
-    vocab = json.loads((Path(job["model_dir"]) / "config.json").read_text())["vocab_size"]
-    extra = {}
-    if job.get("profile_dir"):
-        from vllm.config import ProfilerConfig
+    def __init__(self, job: dict):
+        from vllm import LLM
 
-        extra["profiler_config"] = ProfilerConfig(profiler="torch", torch_profiler_dir=job["profile_dir"],
-                                                  torch_profiler_with_stack=False, torch_profiler_use_gzip=True,
-                                                  ignore_frontend=True)
-    began = time.perf_counter()
-    llm = LLM(model=job["model_dir"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
-              max_num_batched_tokens=job["max_num_batched_tokens"], **job.get("engine_args", {}), **extra)
-    startup = time.perf_counter() - began
-    module = llm.apply_model(model_module)[0]
+        self.job = job
+        self.vocab = json.loads((Path(job["model_dir"]) / "config.json").read_text())["vocab_size"]
+        extra = {}
+        if job.get("profile_dir"):
+            from vllm.config import ProfilerConfig
 
-    def generate(prompts, max_tokens, **kw):
+            extra["profiler_config"] = ProfilerConfig(profiler="torch", torch_profiler_dir=job["profile_dir"],
+                                                      torch_profiler_with_stack=False, torch_profiler_use_gzip=True,
+                                                      ignore_frontend=True)
+        began = time.perf_counter()
+        self.llm = LLM(model=job["model_dir"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+                       max_num_batched_tokens=job["max_num_batched_tokens"],
+                       gpu_memory_utilization=job["gpu_memory_utilization"], **job.get("engine_args", {}), **extra)
+        self.startup_s = time.perf_counter() - began
+        self.module = self.llm.apply_model(model_module)[0]
+
+    def generate(self, prompts, max_tokens, **kw):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, **kw)
         start = time.perf_counter()
-        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        results = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return results, time.perf_counter() - start
 
-    fixed = job.get("agreement_prompts") or [
-        p[: 16 + 13 * i] for i, p in enumerate(random_prompts(vocab, AGREEMENT_PROMPTS, 256, seed=1))]
-    results, _ = generate(fixed, AGREEMENT_TOKENS, logprobs=0, prompt_logprobs=0)
-    agreement = [{
-        "tokens": list(r.outputs[0].token_ids),
-        "logprobs": [next(iter(d.values())).logprob for d in r.outputs[0].logprobs],
-        "prompt_logprobs": [next(iter(d.values())).logprob for d in r.prompt_logprobs[1:]],
-    } for r in results]
+    def ready(self) -> dict:
+        return {"module": self.module, "startup_s": self.startup_s}
 
-    runs = []
-    plen, olen = job["prompt_len"], job["output_len"]
-    for batch in job["batches"]:
-        generate(random_prompts(vocab, batch, plen, seed=10_000 + batch), olen)  # warm-up at this batch size
-        for rep in range(job["repeats"]):
-            _, ttft = generate(random_prompts(vocab, batch, plen, seed=100 * batch + 2 * rep), 1)
-            _, total = generate(random_prompts(vocab, batch, plen, seed=100 * batch + 2 * rep + 1), olen)
-            runs.append({"batch": batch, "repeat": rep, "ttft_s": ttft, "total_s": total})
+    def agreement(self) -> list[dict]:
+        fixed = self.job.get("agreement_prompts") or [
+            p[: 16 + 13 * i] for i, p in enumerate(random_prompts(self.vocab, AGREEMENT_PROMPTS, 256, seed=1))]
+        results, _ = self.generate(fixed, AGREEMENT_TOKENS, logprobs=0, prompt_logprobs=0)
+        return [{
+            "tokens": list(r.outputs[0].token_ids),
+            "logprobs": [next(iter(d.values())).logprob for d in r.outputs[0].logprobs],
+            "prompt_logprobs": [next(iter(d.values())).logprob for d in r.prompt_logprobs[1:]],
+        } for r in results]
 
-    profiled_s = None
-    if job.get("profile_dir"):  # vLLM's profiler runs once per engine: one decode-dominated run
-        llm.start_profile()
-        _, profiled_s = generate(random_prompts(vocab, job["batches"][0], PROFILE_PROMPT_LEN, seed=7), PROFILE_OUTPUT_LEN)
-        llm.stop_profile()
-    return {"module": module, "startup_s": startup, "agreement": agreement, "runs": runs, "profiled_s": profiled_s}
+    def timed(self, batch: int, prompt_len: int, max_tokens: int, seed: int) -> float:
+        return self.generate(random_prompts(self.vocab, batch, prompt_len, seed), max_tokens)[1]
+
+    def profiled(self, batch: int) -> float:
+        """vLLM's profiler runs once per engine: one decode-dominated run."""
+        self.llm.start_profile()
+        _, seconds = self.generate(random_prompts(self.vocab, batch, PROFILE_PROMPT_LEN, seed=7), PROFILE_OUTPUT_LEN)
+        self.llm.stop_profile()
+        return seconds
+
+
+def serve_engine(job_file: str, reply_fd: int) -> None:
+    """The engine subprocess: builds the engine, then answers one JSON request per stdin line with one JSON line
+    on ``reply_fd`` (stdout carries vLLM's logs) until stdin closes."""
+    with os.fdopen(reply_fd, "w", buffering=1) as replies:
+        engine = Engine(json.loads(Path(job_file).read_text()))
+        replies.write(json.dumps(engine.ready()) + "\n")
+        for line in sys.stdin:
+            request = json.loads(line)
+            replies.write(json.dumps(getattr(engine, request.pop("op"))(**request)) + "\n")
+
+
+class EngineProcess:
+    """The parent's handle on one engine subprocess, with the implementation's environment."""
+
+    def __init__(self, impl: str, job: dict, workdir: Path):
+        job_file = workdir / f"{impl}-job.json"
+        job_file.write_text(json.dumps(job))
+        read_fd, write_fd = os.pipe()
+        env = {**os.environ, **ENGINE_ENV, **IMPLS[impl]}
+        # run as atom_vllm.bench rather than __main__, so model_module pickles by an importable name
+        code = "import sys; from atom_vllm.bench import main; sys.exit(main(sys.argv[1:]))"
+        self.impl = impl
+        self.process = subprocess.Popen([sys.executable, "-c", code, "--engine", str(job_file), str(write_fd)],
+                                        env=env, stdin=subprocess.PIPE, text=True, pass_fds=(write_fd,))
+        os.close(write_fd)
+        self.replies = os.fdopen(read_fd)
+        self.ready = self._reply()
+
+    def _reply(self):
+        line = self.replies.readline()
+        if not line:
+            code = self.process.wait()
+            raise RuntimeError(f"the {self.impl} engine exited with code {code} (its log is above)")
+        return json.loads(line)
+
+    def request(self, op: str, **kw):
+        self.process.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.process.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+        self.replies.close()
 
 
 # ---- the comparison ------------------------------------------------------------------------------------------
@@ -177,16 +231,6 @@ def summarize(runs: list[dict], batch: int, output_len: int) -> dict:
     return {"output_tok_per_s": spread(tput), "tpot_ms": spread(tpot), "ttft_ms": spread(ttft)}
 
 
-def engine_subprocess(impl: str, job: dict, workdir: Path) -> dict:
-    job_file, out_file = workdir / f"{impl}-job.json", workdir / f"{impl}-out.json"
-    job_file.write_text(json.dumps(job))
-    env = {**os.environ, **ENGINE_ENV, **IMPLS[impl]}
-    # run as atom_vllm.bench rather than __main__, so model_module pickles by an importable name
-    code = "import sys; from atom_vllm.bench import main; sys.exit(main(sys.argv[1:]))"
-    subprocess.run([sys.executable, "-c", code, "--engine", str(job_file), str(out_file)], env=env, check=True)
-    return json.loads(out_file.read_text())
-
-
 # Agreement prompts for a real checkpoint (its tokenizer encodes them); random-weight ones use random tokens.
 TEXT_PROMPTS = ("The capital of France is", "Water boils at a temperature of",
                 "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -219,34 +263,61 @@ def model_checkpoints(arch: str, layers: int, formats: list[str], workdir: Path)
             torch.cuda.empty_cache()
 
 
+def timed_runs(engines: list[EngineProcess], batches: list[int], args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Every implementation runs the same prompts, one run after the other's: for each repeat at each batch size
+    a TTFT run (1 output token) and a full run per engine, the engines' order swapped every repeat, so a drift
+    of the machine's speed (clocks, a neighbour) lands on both implementations alike."""
+    runs: dict[str, list[dict]] = {e.impl: [] for e in engines}
+    plen, olen = args.prompt_len, args.output_len
+    for batch in batches:
+        for engine in engines:  # warm-up at this batch size
+            engine.request("timed", batch=batch, prompt_len=plen, max_tokens=olen, seed=10_000 + batch)
+        for rep in range(args.repeats):
+            for engine in engines if rep % 2 == 0 else engines[::-1]:
+                seed = 100 * batch + 2 * rep  # fresh prompts every run, so the prefix cache never hits
+                ttft = engine.request("timed", batch=batch, prompt_len=plen, max_tokens=1, seed=seed)
+                total = engine.request("timed", batch=batch, prompt_len=plen, max_tokens=olen, seed=seed + 1)
+                runs[engine.impl].append({"batch": batch, "repeat": rep, "ttft_s": ttft, "total_s": total})
+    return runs
+
+
 def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], args: argparse.Namespace,
             engine_args: dict, agreement_prompts: list[list[int]] | None = None) -> dict:
-    """Run each implementation's engine on ``model_dir``; ``entry`` gains per-implementation results and the
+    """Start one engine per implementation on ``model_dir``, all alive at once (each given an equal share of
+    GPU memory), and time them against each other; ``entry`` gains per-implementation results and the
     agreement of ATOM's with vLLM's."""
+    workdir = model_dir.parent
+    engines: list[EngineProcess] = []
+    profile_dirs: dict[str, Path] = {}
+    try:
+        for impl in impls:  # one at a time: each engine's memory profiling must see the other's memory settled
+            profile_dirs[impl] = workdir / f"profile-{model_dir.name}-{impl}"
+            job = {"model_dir": str(model_dir), "max_num_batched_tokens": args.max_num_batched_tokens,
+                   "gpu_memory_utilization": args.gpu_memory_utilization, "engine_args": engine_args,
+                   "agreement_prompts": agreement_prompts,
+                   "profile_dir": str(profile_dirs[impl]) if args.profile else None}
+            engines.append(EngineProcess(impl, job, workdir))
+        agreement = {e.impl: e.request("agreement") for e in engines}
+        runs = timed_runs(engines, batches, args)
+        profiled = {e.impl: e.request("profiled", batch=batches[0]) for e in engines} if args.profile else {}
+    finally:
+        for engine in engines:
+            engine.close()
     entry["impls"] = {}
-    for impl in impls:
-        workdir = model_dir.parent
-        profile_dir = workdir / f"profile-{model_dir.name}-{impl}" if args.profile else None
-        job = {"model_dir": str(model_dir), "batches": batches, "prompt_len": args.prompt_len,
-               "output_len": args.output_len, "repeats": args.repeats,
-               "max_num_batched_tokens": args.max_num_batched_tokens, "engine_args": engine_args,
-               "agreement_prompts": agreement_prompts, "profile_dir": str(profile_dir) if profile_dir else None}
-        out = engine_subprocess(impl, job, workdir)
-        result = {"module": out["module"], "startup_s": round(out["startup_s"], 1),
-                  "batches": {str(b): summarize(out["runs"], b, args.output_len) for b in batches},
-                  "agreement_raw": out["agreement"]}
-        if profile_dir and args.traces_out:
-            shutil.copytree(profile_dir, Path(args.traces_out) / f"{entry['model']}-{profile_dir.name}", dirs_exist_ok=True)
-        if profile_dir:
+    for engine in engines:
+        impl = engine.impl
+        result = {"module": engine.ready["module"], "startup_s": round(engine.ready["startup_s"], 1),
+                  "batches": {str(b): summarize(runs[impl], b, args.output_len) for b in batches}}
+        if args.profile:
+            if args.traces_out:
+                shutil.copytree(profile_dirs[impl], Path(args.traces_out) / f"{entry['model']}-{profile_dirs[impl].name}",
+                                dirs_exist_ok=True)
             result["kernels"] = {"batch": batches[0], "prompt_len": PROFILE_PROMPT_LEN,
-                                 "output_len": PROFILE_OUTPUT_LEN, "wall_us": round(out["profiled_s"] * 1e6, 1),
-                                 **kernel_table(profile_dir)}
+                                 "output_len": PROFILE_OUTPUT_LEN, "wall_us": round(profiled[impl] * 1e6, 1),
+                                 **kernel_table(profile_dirs[impl])}
         entry["impls"][impl] = result
-    if "vllm" in entry["impls"] and "atom" in entry["impls"]:
-        entry["agreement"] = compare_agreement(entry["impls"]["vllm"]["agreement_raw"],
-                                               entry["impls"]["atom"]["agreement_raw"])
-    for result in entry["impls"].values():
-        result.pop("agreement_raw")
+    if "vllm" in agreement and "atom" in agreement:
+        entry["agreement"] = compare_agreement(agreement["vllm"], agreement["atom"])
     return entry
 
 
@@ -267,10 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces-out", default=None, help="keep the profiler traces in this directory")
     parser.add_argument("--workdir", default=None, help="where checkpoints go (default: a temporary directory)")
     parser.add_argument("--out", required=False)
-    parser.add_argument("--engine", nargs=2, help=argparse.SUPPRESS)  # internal: JOB.json OUT.json
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="each engine's share of GPU memory (default: 0.85 split evenly between the engines)")
+    parser.add_argument("--engine", nargs=2, help=argparse.SUPPRESS)  # internal: JOB.json REPLY_FD
     args = parser.parse_args(argv)
     if args.engine:
-        Path(args.engine[1]).write_text(json.dumps(run_engine(json.loads(Path(args.engine[0]).read_text()))))
+        serve_engine(args.engine[0], int(args.engine[1]))
         return 0
     if not args.out:
         parser.error("--out is required")
@@ -291,12 +364,15 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"--checkpoint: no config.json in {', '.join(missing)}")
     batches = [int(b) for b in args.batches.split(",")]
+    args.gpu_memory_utilization = args.gpu_memory_utilization or round(0.85 / len(impls), 2)
     report = {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
               "vllm": vllm.__version__, "torch": torch.__version__, "command": " ".join(sys.argv),
               "atom_commit": os.environ.get("ATOM_COMMIT"),
               "settings": {"dtype": "bfloat16", "prompt_len": args.prompt_len, "output_len": args.output_len,
                            "repeats": args.repeats, "max_num_batched_tokens": args.max_num_batched_tokens,
-                           "engine": "LLM.generate, vLLM defaults (CUDA graphs + torch.compile), ignore_eos"},
+                           "gpu_memory_utilization": args.gpu_memory_utilization,
+                           "engine": "LLM.generate, vLLM defaults (CUDA graphs + torch.compile), ignore_eos",
+                           "protocol": "engines alive together, timed runs alternated, order swapped every repeat"},
               "models": []}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for name in names:
