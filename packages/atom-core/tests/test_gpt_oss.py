@@ -96,6 +96,19 @@ def test_mxfp4_experts_parity(gpt_oss_mxfp4):
     assert experts and all(m.w13_weight.dtype == torch.uint8 for m in experts)
 
 
+def test_atom_quantize_mxfp4_output_loads(gpt_oss_dir, tmp_path):
+    """``atom quantize --scheme mxfp4`` writes the experts per expert (Quark MXFP4) with their biases; the output
+    runs the MXFP4 expert kernel and equals the online-quantized model exactly."""
+    from atom_core.quant.quantize import quantize_checkpoint
+    from atom_core.runtime.runner import Runner
+
+    out = quantize_checkpoint(gpt_oss_dir, tmp_path / "q", "mxfp4")
+    runner = Runner(out)
+    assert runner.model.model.layers[0].mlp.experts.w13_weight.dtype == torch.uint8
+    prompt = [list(range(40, 90))]
+    assert torch.equal(runner.prompt_logits(prompt)[0], Runner(gpt_oss_dir, quantization="mxfp4").prompt_logits(prompt)[0])
+
+
 def test_stacked_experts_split_per_expert():
     """Interleaved gate|up columns: gate = even, up = odd; weights transposed to out x in."""
     e, h, i = 2, 4, 3

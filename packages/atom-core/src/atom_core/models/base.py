@@ -30,8 +30,14 @@ class CausalLM(nn.Module):
         """The mapper for this instance (tied embeddings make the checkpoint's lm_head an extra)."""
         return self.weight_mapper
 
+    @staticmethod
+    def checkpoint_tensors(weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
+        """The checkpoint's ``(name, tensor)`` pairs as the weight mapper reads them: a family whose checkpoints
+        store tensors in a layout of their own (gpt-oss' stacked experts) converts them here."""
+        return weights
+
     def load_weights(self, weights: Iterable[tuple[str, Any]], *, strict: bool = True) -> set[str]:
-        return load_weights(self, weights, self.mapper(), strict=strict)
+        return load_weights(self, self.checkpoint_tensors(weights), self.mapper(), strict=strict)
 
     @classmethod
     def packed_modules_mapping(cls) -> dict[str, list[str]]:

@@ -16,7 +16,8 @@ columns interleaved: gate = even, up = odd) with ``gate_up_proj_bias`` ``[E, 2I]
 checkpoints hold ``gate_up_proj_blocks`` ``[E, 2I, H/32, 16]`` / ``gate_up_proj_scales`` ``[E, 2I, H/32]``
 (rows interleaved) and ``down_proj_blocks`` / ``down_proj_scales`` instead of the weights.
 :func:`per_expert_tensors` turns all of them into the per-expert projections (gate rows, then up rows)
-the MoE layer loads, so bf16, MXFP4 and ``atom quantize`` (Quark, per expert) checkpoints share one path.
+the MoE layer loads (the model's ``checkpoint_tensors``), so bf16, MXFP4 and ``atom quantize`` output (Quark,
+per expert: ``atom quantize`` reads the checkpoint through the same function) share one path.
 """
 
 from __future__ import annotations
@@ -116,8 +117,7 @@ class GptOssForCausalLM(LlamaForCausalLM):
     def build_mlp(self, hf_config: Any, cfg: DecoderConfig, layer_id: int, *, host: Host, prefix: str) -> nn.Module:
         return GptOssMoE(cfg.hidden_size, text_config(hf_config), host=host, prefix=prefix)
 
+    checkpoint_tensors = staticmethod(per_expert_tensors)
+
     def mapper(self) -> WeightMapper:
         return GPT_OSS_MAPPER
-
-    def load_weights(self, weights: Iterable[tuple[str, Any]], *, strict: bool = True) -> set[str]:
-        return super().load_weights(per_expert_tensors(weights), strict=strict)

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from atom_core import catalog
 from atom_core.config import load_hf_config
 from atom_core.errors import UnsupportedQuantizationError, UsageError
+from atom_core.layers.params import materialize
 from atom_core.loader import Checkpoint
 from atom_core.loader.checkpoint import INDEX_FILE
 from atom_core.staging import check_destination, staged_dir
@@ -154,7 +155,7 @@ SCHEMES: dict[str, tuple[Callable, Callable, Callable | None, Callable]] = {
 
 def model_layers(hf_config: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """``{prefix: layer}`` of every linear layer and every MoE expert layer of the catalog model (built
-    on the meta device), and the model's weight mapper."""
+    on the meta device), and the model (its weight mapper and ``checkpoint_tensors``)."""
     from atom_core.layers.linear import LinearBase
     from atom_core.layers.moe import FusedMoE
     from atom_core.runtime.host import NativeHost
@@ -165,7 +166,7 @@ def model_layers(hf_config: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
     modules = dict(model.named_modules())
     linears = {name: m for name, m in modules.items() if isinstance(m, LinearBase)}
     experts = {name: m for name, m in modules.items() if isinstance(m, FusedMoE)}
-    return linears, experts, model.mapper()
+    return linears, experts, model
 
 
 def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str, *,
@@ -186,7 +187,7 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
     if getattr(hf_config, "quantization_config", None):
         raise UnsupportedQuantizationError(f"{src} is already quantized; atom quantize takes an unquantized checkpoint")
     check_destination(out, overwrite)
-    layers, expert_layers, mapper = model_layers(hf_config)
+    layers, expert_layers, model = model_layers(hf_config)
     excluded_layers = {prefix for prefix, layer in layers.items()
                        if not fits(layer.checkpoint_shard_sizes(), layer.input_size)}
     excluded_layers |= {prefix for prefix, layer in expert_layers.items()
@@ -194,7 +195,7 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
     layers = {**layers, **expert_layers}
     checkpoint = Checkpoint(src)
     with staged_dir(out, overwrite=overwrite) as tmp:
-        quantized, excluded = _write_quantized(checkpoint, tmp, scheme, device, mapper, layers, expert_layers,
+        quantized, excluded = _write_quantized(checkpoint, tmp, scheme, device, model, layers, expert_layers,
                                                excluded_layers)
         config = json.loads((src / "config.json").read_text())
         config["quantization_config"] = make_config(sorted(excluded), sorted(excluded & set(expert_layers)))
@@ -206,12 +207,14 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
     return out
 
 
-def _write_quantized(checkpoint: Checkpoint, out: Path, scheme: str, device: torch.device, mapper: Any,
+def _write_quantized(checkpoint: Checkpoint, out: Path, scheme: str, device: torch.device, model: Any,
                      layers: dict[str, Any], expert_layers: dict[str, Any], excluded_layers: set[str]
                      ) -> tuple[int, set[str]]:
     """Every shard of ``checkpoint`` into ``out``, its layers' weights quantized (and its index, if it has one);
-    returns the number of weights quantized and the modules left unquantized."""
+    returns the number of weights quantized and the modules left unquantized.  Tensors are read through the
+    model's ``checkpoint_tensors`` (gpt-oss' stacked experts are written per expert)."""
     encode = SCHEMES[scheme][0]
+    mapper = model.mapper()
     excluded: set[str] = set()
     files = checkpoint.files
     weight_map: dict[str, str] = {}
@@ -219,23 +222,24 @@ def _write_quantized(checkpoint: Checkpoint, out: Path, scheme: str, device: tor
     remaining = {file: sum(1 for f in checkpoint.weight_map.values() if f == file) for file in files}
     quantized = 0
     # tensors() reads file by file; each output file is written as soon as its last tensor is in
-    for name, lazy in tqdm(checkpoint.tensors(progress=False), total=len(checkpoint.weight_map),
+    for source, lazy in tqdm(checkpoint.tensors(progress=False), total=len(checkpoint.weight_map),
                            desc=f"quantizing ({scheme})", unit="tensor", disable=len(files) < 2):
-        file = checkpoint.weight_map[name]
+        file = checkpoint.weight_map[source]
         tensors = pending[file]
-        layer = _weight_target(name, mapper, layers)
-        tensor = lazy.to_tensor()
-        if layer is None or layer in excluded_layers:
-            tensors[name] = tensor
-            if layer in expert_layers:
-                excluded.add(layer)  # the experts module, as hosts name it
-            elif tensor.dim() == 2 and name.endswith(".weight"):
-                excluded.add(name[: -len(".weight")])  # linear layers and anything a host might take for one
-        else:
-            module = name[: -len(".weight")]
-            for suffix, value in encode(tensor.to(device)).items():
-                tensors[f"{module}.{suffix}"] = value.cpu().contiguous()
-            quantized += 1
+        for name, tensor in model.checkpoint_tensors([(source, lazy)]):
+            layer = _weight_target(name, mapper, layers)
+            tensor = materialize(tensor)
+            if layer is None or layer in excluded_layers:
+                tensors[name] = tensor.contiguous()
+                if layer in expert_layers:
+                    excluded.add(layer)  # the experts module, as hosts name it
+                elif tensor.dim() == 2 and name.endswith(".weight"):
+                    excluded.add(name[: -len(".weight")])  # linear layers and anything a host might take for one
+            else:
+                module = name[: -len(".weight")]
+                for suffix, value in encode(tensor.to(device).contiguous()).items():
+                    tensors[f"{module}.{suffix}"] = value.cpu().contiguous()
+                quantized += 1
         remaining[file] -= 1
         if remaining[file] == 0:
             save_file(tensors, str(out / file), metadata={"format": "pt"})
