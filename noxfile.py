@@ -370,7 +370,6 @@ def dashboard(session: nox.Session) -> None:
     artifacts = Path(os.environ.get("ATOM_ARTIFACTS_DIR", SCRATCH / "artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
     env = scratch_env("dashboard") | {"ATOM_ARTIFACTS_DIR": str(artifacts)}
-    session.run("python", "ci/dashboard.py", "--out", str(SCRATCH / "dashboard"), "--chart-image",
-                str(artifacts / "dashboard-chart.png"), env=env)
+    session.run("python", "ci/dashboard.py", "--out", str(SCRATCH / "dashboard"), env=env)
     session.run("python", "ci/regression.py", env=env)
     session.run("pytest", "-q", "-p", "no:cacheprovider", "ci/tests/test_dashboard.py", env=env)
