@@ -167,6 +167,7 @@ def test_dashboard_renders_and_filters_in_chromium(built):
         assert drawn >= 1 and page.locator("section.card[data-drawn] .scatterlayer .trace").count() >= 1
         assert page.inner_text("#shown") == f"{total} charts shown"
         page.screenshot(path=str(artifacts / "dashboard.png"))
+        page.locator("section.card").first.screenshot(path=str(artifacts / "dashboard-chart.png"))
 
         page.select_option("#filter-model", "qwen3-8b")
         shown = page.locator("section.card:visible")
