@@ -80,15 +80,22 @@ def vllm_table(pins: dict) -> str:
 RESULTS = ROOT / "bench" / "results"
 
 
-def _latest_rows(suite: str) -> tuple[dict, list[dict]]:
-    """(context, rows) of the newest H200 results holding ``suite``."""
+def _documents(path: Path) -> list[dict]:
+    """The result documents of one JSON file: the file itself, or the parts of a ``ci/gpu_run.py`` run.json
+    (``kernels``, ``e2e``); experiment data that is not an object yields none."""
     import json
 
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        return []
+    return [data] + ([v for k, v in data.items() if k in ("kernels", "e2e") and isinstance(v, dict)]
+                     if data.get("format", "").startswith("atom-run/") else [])
+
+
+def _latest_rows(suite: str) -> tuple[dict, list[dict]]:
+    """(context, rows) of the newest H200 results holding ``suite``."""
     for folder in sorted(RESULTS.glob("*-h200"), reverse=True):
-        for path in sorted(folder.glob("*.json")):
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict):  # experiment data beside the bench output
-                continue
+        for data in (d for path in sorted(folder.glob("*.json")) for d in _documents(path)):
             rows = data.get("suites", {}).get(suite)
             if isinstance(rows, list):
                 return data["context"], rows
@@ -183,11 +190,9 @@ def h200_table(pins: dict) -> str:
 
 def _e2e_runs() -> list[tuple[str, dict]]:
     """(file name, report) of every ``python -m atom_vllm.bench`` report in the newest H200 folder holding one."""
-    import json
-
     for folder in sorted(RESULTS.glob("*-h200"), reverse=True):
-        reports = [(path.name, data) for path in sorted(folder.glob("*.json"))
-                   if isinstance(data := json.loads(path.read_text()), dict) and "models" in data and "vllm" in data]
+        reports = [(path.name, data) for path in sorted(folder.glob("*.json")) for data in _documents(path)
+                   if "models" in data and "vllm" in data]
         if reports:
             return [(f"{folder.name}/{name}", data) for name, data in reports]
     return []
