@@ -81,10 +81,11 @@ def e2e_figure(records: list[dict], xs_order: list[str]):
 
 
 def kernel_figure(records: list[dict], runs: list[str]):
-    """ATOM and peers over the runs, one trace per implementation and size; the floor dashed grey."""
+    """Left: the newest run with this case, time per implementation and size (bars) and the floor (black ticks).
+    Right: the same over the runs, a line per implementation and size, the floor dashed grey."""
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
-    fig = go.Figure()
     series, floors = defaultdict(dict), defaultdict(dict)
     for rec in records:
         size = next((rec["case"][k] for k in SIZE_KEYS if k in rec["case"]), None)
@@ -95,25 +96,46 @@ def kernel_figure(records: list[dict], runs: list[str]):
             floors[size][rec["run"]] = rec["floor_us"]
     impls = sorted({impl for impl, _ in series}, key=lambda i: (not i.startswith("atom"), i))
     sizes = sorted({size for _, size in series}, key=lambda s: (s is None, s if isinstance(s, int) else 0, str(s)))
+    latest = max((r for points in series.values() for r in points), key=runs.index)
+    shown = [i for i in impls if len(impls) <= 10 or " " not in i or "default" in i] or impls  # sweeps: defaults only
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.08,
+                        subplot_titles=[f"{latest}: µs by size", "µs over the runs"])
+
+    def color(impl: str) -> str:
+        return IMPL_COLORS["atom"] if impl.startswith("atom") else PEER_COLORS[impls.index(impl) % len(PEER_COLORS)]
+
+    for impl in shown:
+        at = [size for size in sizes if latest in series.get((impl, size), {})]
+        if at:
+            fig.add_trace(go.Bar(x=[str(s) for s in at], y=[series[(impl, s)][latest] for s in at], name=impl,
+                                 legendgroup=impl, marker_color=color(impl), meta={"impl": impl},
+                                 opacity=1.0 if impl.startswith("atom") else 0.75,
+                                 hovertemplate=f"{impl}<br>size %{{x}}<br>%{{y:.4g}} µs<extra></extra>"), row=1, col=1)
+    at = [size for size in sizes if latest in floors.get(size, {})]
+    if at:
+        fig.add_trace(go.Scatter(x=[str(s) for s in at], y=[floors[s][latest] for s in at], mode="markers", name="floor",
+                                 legendgroup="floor", meta={"impl": "floor"},
+                                 marker={"symbol": "line-ew", "size": 40, "line": {"width": 3, "color": "#000"}},
+                                 hovertemplate="floor<br>size %{x}<br>%{y:.4g} µs<extra></extra>"), row=1, col=1)
     for (impl, size), points in sorted(series.items(), key=lambda kv: (impls.index(kv[0][0]), sizes.index(kv[0][1]))):
-        color = IMPL_COLORS["atom"] if impl.startswith("atom") else PEER_COLORS[impls.index(impl) % len(PEER_COLORS)]
         xs = [r for r in runs if r in points]
         label = impl if size is None else f"{impl} @ {size}"
-        fig.add_trace(go.Scatter(x=xs, y=[points[r] for r in xs], mode="lines+markers", name=label,
-                                 meta={"size": size, "impl": impl},
-                                 line={"color": color, "dash": DASHES[sizes.index(size) % len(DASHES)],
+        fig.add_trace(go.Scatter(x=xs, y=[points[r] for r in xs], mode="lines+markers", name=label, legendgroup=impl,
+                                 showlegend=impl not in shown, meta={"size": size, "impl": impl},
+                                 line={"color": color(impl), "dash": DASHES[sizes.index(size) % len(DASHES)],
                                        "width": 3 if impl.startswith("atom") else 1.5},
-                                 hovertemplate=f"{label}<br>%{{x}}<br>%{{y:.4g}} µs<extra></extra>"))
+                                 hovertemplate=f"{label}<br>%{{x}}<br>%{{y:.4g}} µs<extra></extra>"), row=1, col=2)
     for size, points in floors.items():
         xs = [r for r in runs if r in points]
         fig.add_trace(go.Scatter(x=xs, y=[points[r] for r in xs], mode="lines+markers", name=f"floor @ {size}",
-                                 meta={"size": size, "impl": "floor"}, line={"color": "#999", "dash": "dash"},
-                                 marker={"symbol": "line-ew-open"},
-                                 hovertemplate=f"floor @ {size}<br>%{{x}}<br>%{{y:.4g}} µs<extra></extra>"))
+                                 legendgroup="floor", showlegend=False, meta={"size": size, "impl": "floor"},
+                                 line={"color": "#999", "dash": "dash"}, marker={"symbol": "line-ew-open"},
+                                 hovertemplate=f"floor @ {size}<br>%{{x}}<br>%{{y:.4g}} µs<extra></extra>"), row=1, col=2)
     fig.update_yaxes(type="log", title="µs")
-    fig.update_xaxes(type="category", tickangle=-30)
-    fig.update_layout(height=340, margin={"l": 50, "r": 10, "t": 10, "b": 80}, legend={"font": {"size": 10}},
-                      template="plotly_white")
+    fig.update_xaxes(type="category", row=1, col=1, title="tokens / M / T")
+    fig.update_xaxes(type="category", tickangle=-30, row=1, col=2)
+    fig.update_layout(height=360, margin={"l": 50, "r": 10, "t": 40, "b": 80}, legend={"font": {"size": 10}},
+                      template="plotly_white", barmode="group")
     return fig
 
 
