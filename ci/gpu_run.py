@@ -50,9 +50,9 @@ def steps(args: argparse.Namespace, work: Path) -> list[tuple[str, list[str], Pa
     demo = args.demo_dir or str(work / "smollm2")
     out = []
     if not args.cpu:
-        out.append(("kernels", [py, "-m", "atom_kernels.bench", *args.suites.split(","), "--out",
-                                str(work / "kernels.json")] if args.suites else
-                    [py, "-m", "atom_kernels.bench", "--out", str(work / "kernels.json")], work / "kernels.json"))
+        suites = [*filter(None, args.suites.split(",")), *(["--quick"] if args.quick else [])]
+        out.append(("kernels", [py, "-m", "atom_kernels.bench", *suites, "--out", str(work / "kernels.json")],
+                    work / "kernels.json"))
         if not args.demo_dir:
             out.append(("demo", [py, "-m", "atom_core.cli", "fetch-demo", demo], work / "none"))
         out.append(("e2e", ["bash", str(ROOT / "ci" / "gpu_e2e.sh"), "--models", args.models, "--batches", args.batches,
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="folder of run folders")
     parser.add_argument("--out-dir", type=Path, help="this run's folder (default: RESULTS/<UTC stamp>-<gpu>)")
     parser.add_argument("--suites", default="", help="kernel suites, comma-separated (default: all)")
+    parser.add_argument("--quick", action="store_true", help="kernel suites: fewer repetitions and sizes")
     parser.add_argument("--models", default="qwen3-8b,qwen3-30b-a3b", help="atom_vllm.bench's random real-shape models")
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per batch (the regression check's samples)")
