@@ -39,15 +39,14 @@ def test_mxfp4_bench_rows(monkeypatch):
     """The decode-size MXFP4 suite (the run that picks the small-M kernel's default): every configuration
     times and checks its error, the summary compares the default and the best with bf16."""
     from atom_kernels.bench import mxfp4
+    from atom_kernels.ops.mxfp4_mm import planner
     from atom_kernels.ops.mxfp4_mm import triton as mma_triton
-    from atom_kernels.ops.mxfp4_mm import triton_small_m
 
     monkeypatch.setattr(mxfp4, "measure", lambda fn, **kw: (fn(), {"us": 10.0, "graph": False})[1])
     monkeypatch.setattr(mxfp4, "SHAPES", {"tiny": (96, 320)})
     monkeypatch.setattr(mxfp4, "L2_BYTES", 1 << 14)
     monkeypatch.setattr(mxfp4, "MOE_CASES", {"tiny": (4, 2, 64, 64)})
-    monkeypatch.setattr(triton_small_m, "SWEEP", [{}, {"mma": "wgmma", "block_n": 64}, {"reduce": "pass", "split_k": 2,
-                                                                                       "block_k": 128}])
+    monkeypatch.setattr(planner, "SWEEP", [{}, {"mma": "wgmma", "block_n": 64}, {"reduce": "pass", "split_k": 2, "block_k": 128}])
     monkeypatch.setattr(mma_triton, "SWEEP", mma_triton.SWEEP[:1])
     rows = mxfp4.run({"device": "cpu", "copy_bytes_per_s": 4e12, "quick": True})
     assert not [r for r in rows if "error" in r]
@@ -70,10 +69,31 @@ def test_mxfp4_sweep_rows_take_the_layout_their_kernel_reads(monkeypatch):
     import torch
 
     from atom_kernels.bench import mxfp4
-    from atom_kernels.ops.mxfp4_mm import triton_small_m
+    from atom_kernels.ops.mxfp4_mm import planner
 
-    monkeypatch.setattr(triton_small_m, "ring_serves", lambda x, n, cfg: dict(triton_small_m.DEFAULT, **cfg)["loads"] == "ring")
+    monkeypatch.setattr(planner, "ring_serves", lambda x, n, cfg: dict(planner.DEFAULT, **cfg)["loads"] == "ring")
     x = torch.zeros(1, 256)
     assert mxfp4.sweep_layout({"stages": 3}, x, 64, "lanes") == "lanes"
     assert mxfp4.sweep_layout({"loads": "registers"}, x, 64, "lanes") == "rows"
     assert mxfp4.sweep_layout({"stages": 3}, x, 64, "rows") == "rows"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the GPU runs the real suite")
+def test_gpt_oss_moe_bench_rows(monkeypatch):
+    """gpt-oss' MoE suite end to end at tiny shapes: bf16 and MXFP4 experts (biases, clamped SwiGLU), the sweep at
+    decode sizes only, and the MXFP4-vs-bf16 summary with the 1.5x target at T <= 64."""
+    from atom_kernels.bench import moe_gpt_oss
+    from atom_kernels.ops.fused_moe import triton_quant
+
+    monkeypatch.setattr(moe_gpt_oss, "measure", lambda fn, **kw: (fn(), {"us": 10.0, "graph": False})[1])
+    monkeypatch.setattr(moe_gpt_oss, "CASES", {"tiny": (4, 2, 96, 64)})
+    monkeypatch.setattr(moe_gpt_oss, "TOKENS", (1, 80))
+    monkeypatch.setattr(triton_quant, "QUANT_SWEEP", triton_quant.QUANT_SWEEP[:1])
+    rows = moe_gpt_oss.run({"device": "cpu", "copy_bytes_per_s": 4e12, "bf16_flops_per_s": 7e14})
+    assert not [r for r in rows if "error" in r]
+    timed = [(r["impl"], r["tokens"]) for r in rows if r.get("op") == "fused_moe"]
+    assert sorted(timed) == sorted([("atom-triton bf16", 1), ("atom-triton mxfp4", 1), ("atom-triton mxfp4 sweep", 1),
+                                    ("atom-triton bf16", 80), ("atom-triton mxfp4", 80)])
+    assert all(r["rel_err"] < 5e-2 for r in rows if r.get("op") == "fused_moe")
+    summary = {r["tokens"]: r for r in rows if r.get("summary") == "mxfp4-vs-bf16"}
+    assert summary[1]["target"] == 1.5 and summary[1]["speedup_default"] == 1.0 and summary[80]["target"] is None
