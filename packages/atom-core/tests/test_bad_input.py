@@ -92,14 +92,14 @@ def _fp8_no_config(m):
             lambda t: t.update({k: v.to(torch.float8_e4m3fn) for k, v in t.items() if k.endswith("proj.weight")}))
 
 
-def _truncate(m):
-    data = (m / "model.safetensors").read_bytes()
-    (m / "model.safetensors").write_bytes(data[: len(data) // 2])
+def _truncate(m, file="model.safetensors"):
+    data = (m / file).read_bytes()
+    (m / file).write_bytes(data[: len(data) // 2])
 
 
-def _garbage_header(m):
-    data = (m / "model.safetensors").read_bytes()
-    (m / "model.safetensors").write_bytes(struct.pack("<Q", 0x4141414141414141) + data[8:])
+def _garbage_header(m, file="model.safetensors"):
+    data = (m / file).read_bytes()
+    (m / file).write_bytes(struct.pack("<Q", 0x4141414141414141) + data[8:])
 
 
 def _shape(m):
@@ -359,3 +359,29 @@ def test_host_loaders_get_the_same_checks(base):
     poisoned[0, 0] = float("nan")
     with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.qkv_proj\.weight hold NaN"):
         model.load_weights({**tensors, name: poisoned}.items())
+
+
+def host_reader(model_dir: Path):
+    """A host's own safetensors iterator, as vLLM's and SGLang's read a checkpoint: file by file, ``safe_open``."""
+    from safetensors import safe_open
+
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+@pytest.mark.parametrize("break_it,message", [(_truncate, "truncated at byte"), (_garbage_header, "the header length")])
+def test_host_reader_failing_on_a_corrupt_shard_names_the_file(sharded, tmp_path, break_it, message):
+    """A host's reader raises safetensors' own error while ``load_weights`` consumes it: ATOM's error names the
+    broken shard of ``model.checkpoint_dir`` (the adapters set it) as ATOM's reader would."""
+    model = Runner(sharded).model
+    broken = Path(shutil.copytree(sharded, tmp_path / "m"))
+    second = sorted(broken.glob("model-*.safetensors"))[1]
+    break_it(broken, second.name)
+    model.checkpoint_dir = str(broken)
+    with pytest.raises(CheckpointError, match=rf"^{second}: not a readable safetensors file: {message}"):
+        model.load_weights(host_reader(broken))
+    model.checkpoint_dir = None  # not known: still ATOM's error, with safetensors' words
+    with pytest.raises(CheckpointError, match="a safetensors file of the checkpoint is not readable: Error while"):
+        model.load_weights(host_reader(broken))

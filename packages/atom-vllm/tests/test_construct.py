@@ -8,6 +8,7 @@ vLLM's own implementation of the architecture declares on the same config."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from test_plugin import assert_served_by_atom
@@ -106,21 +107,44 @@ def test_multimodal_path_matches_transformers(constructed):
             assert m["supports_mrope"] and m["positions_equal"] and m["delta"][0] == m["delta"][1], f"{arch}: {m}"
 
 
-def test_bad_checkpoint_fails_with_atoms_message(tiny_models, probe, tmp_path):
-    """A checkpoint ATOM's loader refuses (an int32 tensor where a float weight belongs) fails under vLLM's loader
-    with ATOM's message naming the tensor and the dtypes, not a host traceback about a copy."""
-    import shutil
+BAD_CHECKPOINTS = {  # how to break a tiny Qwen3 checkpoint -> what ATOM's one-line error says
+    "int32 weight": "checkpoint tensor model.layers.0.mlp.down_proj.weight is int32, expected",
+    "truncated shard": "model.safetensors: not a readable safetensors file: truncated at byte",
+    "garbage header length": "model.safetensors: not a readable safetensors file: the header length at byte 0 says",
+}
 
+
+def break_checkpoint(model: Path, case: str) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    bad = tmp_path / "int32-weight"
-    shutil.copytree(tiny_models["Qwen3ForCausalLM"], bad)
-    (shard,) = bad.glob("*.safetensors")
-    tensors = load_file(str(shard))
-    name = "model.layers.0.mlp.down_proj.weight"
-    tensors[name] = tensors[name].to(torch.int32)
-    save_file(tensors, str(shard), metadata={"format": "pt"})
-    proc = probe("construct", [str(bad)], check=False)
-    assert proc.returncode != 0
-    assert f"{name} is int32, expected" in proc.stderr, proc.stderr[-3000:]
+    (shard,) = model.glob("*.safetensors")
+    data = shard.read_bytes()
+    if case == "int32 weight":
+        tensors = load_file(str(shard))
+        name = "model.layers.0.mlp.down_proj.weight"
+        tensors[name] = tensors[name].to(torch.int32)
+        save_file(tensors, str(shard), metadata={"format": "pt"})
+    elif case == "truncated shard":
+        shard.write_bytes(data[: len(data) // 2])
+    else:
+        shard.write_bytes((0x4141414141414141).to_bytes(8, "little") + data[8:])
+
+
+def test_bad_checkpoint_fails_with_atoms_message(tiny_models, probe, tmp_path):
+    """A checkpoint ATOM's loader refuses fails under vLLM's loader with ATOM's one-line CheckpointError naming
+    the tensor and the dtypes (an int32 tensor where a float weight belongs), or the file vLLM's own safetensors
+    reader could not open (truncated; a garbage header length), not a host traceback about a copy or a header."""
+    import shutil
+
+    dirs = []
+    for i, case in enumerate(BAD_CHECKPOINTS):
+        model = Path(shutil.copytree(tiny_models["Qwen3ForCausalLM"], tmp_path / f"bad-{i}"))
+        break_checkpoint(model, case)
+        dirs.append(str(model))
+    results = probe("construct", dirs, errors="yes")  # one vLLM process for all of them
+    for (case, message), model, r in zip(BAD_CHECKPOINTS.items(), dirs, results, strict=True):
+        assert r.get("error_type") == "atom_core.errors.CheckpointError", f"{case}: {r}"
+        assert message in r["error"] and "\n" not in r["error"], f"{case}: {r['error']}"
+        if case != "int32 weight":
+            assert r["error"].startswith(f"{model}/model.safetensors: "), f"{case}: {r['error']}"

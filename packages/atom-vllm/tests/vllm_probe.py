@@ -103,13 +103,21 @@ def _cpu_platform_without_triton() -> None:
     platform.check_and_update_config = classmethod(check_and_update_config)
 
 
+_distributed = False
+
+
 def _init_distributed() -> None:
+    """vLLM's process group of one, once per process."""
+    global _distributed
+    if _distributed:
+        return
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
     init_file = tempfile.mktemp(prefix="atom-vllm-dist-")
     init_distributed_environment(world_size=1, rank=0, local_rank=0, distributed_init_method=f"file://{init_file}",
                                  backend="gloo")
     ensure_model_parallel_initialized(1, 1)
+    _distributed = True
 
 
 def _checkpoint(model_dir: str) -> dict:
@@ -297,9 +305,10 @@ def _multimodal_checks(model, model_dir: str) -> dict:
     return out
 
 
-def construct(dirs: list[str]) -> list[dict]:
+def construct(dirs: list[str], errors: bool = False) -> list[dict]:
     """Build each model the way vLLM's loader does, with every parameter first filled with NaN, then let
-    vLLM's DefaultModelLoader feed its weight iterator to the model's load_weights."""
+    vLLM's DefaultModelLoader feed its weight iterator to the model's load_weights.  ``errors``: a directory
+    whose construction or load raises gives ``{"dir", "error_type", "error"}`` instead, and the next one runs."""
     _force_cpu_platform()
     _cpu_platform_without_triton()
     import torch
@@ -310,16 +319,20 @@ def construct(dirs: list[str]) -> list[dict]:
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     out = []
-    initialized = False
     for model_dir in dirs:
+        if errors:
+            try:
+                out += construct([model_dir])
+            except Exception as err:
+                out.append({"dir": model_dir, "error_type": f"{type(err).__module__}.{type(err).__qualname__}",
+                            "error": str(err)})
+            continue
         began = time.perf_counter()
         args = EngineArgs(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True)
         vllm_config = args.create_engine_config()
         model_config = vllm_config.model_config
         with set_current_vllm_config(vllm_config):
-            if not initialized:
-                _init_distributed()
-                initialized = True
+            _init_distributed()
             start = time.perf_counter()
             with set_default_torch_dtype(model_config.dtype), torch.device("cpu"):
                 model = initialize_model(vllm_config=vllm_config, model_config=model_config)
@@ -404,11 +417,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--inspect", choices=["yes", "no"], default="yes")
     parser.add_argument("--compiled", choices=["yes", "no"], default="no")
+    parser.add_argument("--errors", choices=["yes", "no"], default="no")
     args = parser.parse_args()
     if args.command == "resolve":
         result = resolve(args.dirs, inspect=args.inspect == "yes")
     elif args.command == "construct":
-        result = construct(args.dirs)
+        result = construct(args.dirs, errors=args.errors == "yes")
     else:
         result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes")
     Path(args.out).write_text(json.dumps(result, indent=1))

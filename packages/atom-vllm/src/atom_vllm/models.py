@@ -38,6 +38,7 @@ class VllmModelAdapter:
         host = VllmHost(vllm_config, quant=parse_quant_config(hf_config))
         self.atom_class.__init__(self, hf_config, host, prefix)
         self.host = [host]  # a list keeps the host out of the module tree
+        self.checkpoint_dir = vllm_config.model_config.model  # names a file vLLM's reader cannot open (atom_core.loader)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.atom_class.embed_input_ids(self, input_ids)

@@ -5,14 +5,16 @@ Tensors are yielded as :class:`LazySlice` views: a tensor-parallel rank narrows 
 before anything is read from disk (``safe_open(...).get_slice``).
 
 A file safetensors cannot open (truncated, a garbage header length, a header that is not JSON) is a
-:class:`CheckpointError` naming the file and where it breaks; so is a tensor stored in two shards.
+:class:`CheckpointError` naming the file and where it breaks; so is a tensor stored in two shards.  When a
+host (vLLM, SGLang) reads the files itself, :func:`host_tensors` turns its reader's safetensors error into
+the same error, naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,49 @@ def _diagnose(path: Path) -> str | None:
         return (f"truncated at byte {size}: the tensors need {spans[-1][0]} data bytes after the header, the file "
                 f"holds {data}; {name} (data bytes {start} to {end}) is the first cut")
     return None
+
+
+def host_tensors(weights: Iterable[tuple[str, Any]], checkpoint_dir: str | Path | None) -> Iterator[tuple[str, Any]]:
+    """``weights``, a host's ``(name, tensor)`` iterator over the safetensors files of ``checkpoint_dir``, with
+    the error its reader raises on a file safetensors cannot open turned into the :class:`CheckpointError`
+    :func:`open_safetensors` gives for that file (found by opening each file of the checkpoint)."""
+    iterator = iter(weights)
+    while True:
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        except SafetensorError as err:
+            raise unreadable_file_error(checkpoint_dir, err) from err
+        yield item
+
+
+def unreadable_file_error(checkpoint_dir: str | Path | None, err: Exception) -> CheckpointError:
+    """The error for the first safetensors file of ``checkpoint_dir`` (a directory, or a Hugging Face repo id in
+    the local cache) that :func:`open_safetensors` refuses; ``err`` in one line when none is found."""
+    local = _local_dir(checkpoint_dir)
+    for file in sorted(local.glob("*.safetensors")) if local is not None else ():
+        try:
+            with open_safetensors(file):
+                pass
+        except CheckpointError as found:
+            return found
+    where = f"checkpoint {checkpoint_dir}" if checkpoint_dir else "the checkpoint"
+    detail = " ".join(str(err).split())
+    return CheckpointError(f"a safetensors file of {where} is not readable: {detail}")
+
+
+def _local_dir(checkpoint_dir: str | Path | None) -> Path | None:
+    if not checkpoint_dir:
+        return None
+    if Path(checkpoint_dir).is_dir():
+        return Path(checkpoint_dir)
+    try:  # a repo id the host downloaded: its snapshot in the local cache, if any
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(checkpoint_dir), local_files_only=True))
+    except Exception:  # not a repo id, or not in the cache: no file to name
+        return None
 
 
 class LazySlice:

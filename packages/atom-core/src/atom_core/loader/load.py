@@ -10,6 +10,9 @@
   GB on a CPU core and negligible on a GPU.
 * shapes and coverage: a tensor of the wrong shape, one the model does not use, or a parameter (or a
   shard of a fused one) no tensor wrote.
+* files: a host that reads the checkpoint itself (vLLM, SGLang) sets ``model.checkpoint_dir``; a file its
+  reader cannot open is then the :class:`CheckpointError` ATOM's own reader gives, naming the file
+  (:func:`~atom_core.loader.checkpoint.host_tensors`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from torch import nn
 
 from atom_core.errors import CheckpointError
 from atom_core.layers.params import default_weight_loader
+from atom_core.loader.checkpoint import host_tensors
 from atom_core.loader.mapper import WeightMapper
 
 logger = logging.getLogger(__name__)
@@ -45,12 +49,14 @@ def load_weights(
 
     With ``strict``, a checkpoint tensor that maps to no parameter, or a parameter (or shard of a fused
     parameter) that no tensor wrote, is a :class:`CheckpointError` naming them.  ``skip_param``
-    (name -> bool) marks parameters this process does not hold (pipeline stages elsewhere).
+    (name -> bool) marks parameters this process does not hold (pipeline stages elsewhere).  A safetensors
+    file the iterator's reader cannot open is a :class:`CheckpointError` naming the file of
+    ``model.checkpoint_dir`` (set by hosts that read the checkpoint themselves) that is broken.
     """
     params = dict(model.named_parameters())
     written: dict[str, set] = {}
     unconsumed: list[str] = []
-    for checkpoint_name, tensor in weights:
+    for checkpoint_name, tensor in host_tensors(weights, getattr(model, "checkpoint_dir", None)):
         targets = mapper.map(checkpoint_name)
         if targets is None:
             continue
