@@ -18,10 +18,12 @@ from atom_kernels.ops.fp8_gemm import BLOCKWISE_CONFIGS as FP8_BLOCK_CONFIGS
 from atom_kernels.ops.fp8_gemm import CONFIGS as FP8_CONFIGS
 from atom_kernels.ops.fp8_gemm import _fp8_gemm_kernel
 from atom_kernels.ops.fused_moe.triton_quant import QUANT_CONFIGS, _moe_down_quant_kernel, _moe_up_quant_kernel
+from atom_kernels.ops.mxfp4_mm.decode import chunk_groups
+from atom_kernels.ops.mxfp4_mm.planner import DEFAULT as SMALL_M_DEFAULT
+from atom_kernels.ops.mxfp4_mm.planner import plan
 from atom_kernels.ops.mxfp4_mm.triton import CONFIGS as MX_CONFIGS
 from atom_kernels.ops.mxfp4_mm.triton import _mxfp4_mm_kernel
-from atom_kernels.ops.mxfp4_mm.triton_small_m import DEFAULT as SMALL_M_DEFAULT
-from atom_kernels.ops.mxfp4_mm.triton_small_m import _mxfp4_small_m_kernel, chunk_groups, plan
+from atom_kernels.ops.mxfp4_mm.triton_small_m import _mxfp4_small_m_kernel
 from atom_kernels.ops.quant_fp8.triton import _quant_groups_kernel, _quant_rows_kernel
 from atom_kernels.ops.rms_norm.triton import _rms_norm_kernel
 from atom_kernels.ops.silu_and_mul.triton import _silu_and_mul_kernel

@@ -8,8 +8,7 @@ import torch
 from helpers import assert_close, assert_graph_capturable, every_code_pair_word, randn
 
 from atom_kernels import formats, mxfp4_mm
-from atom_kernels.ops.mxfp4_mm import preferred_layout
-from atom_kernels.ops.mxfp4_mm import triton_small_m as small
+from atom_kernels.ops.mxfp4_mm import decode, planner, preferred_layout
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
@@ -84,14 +83,14 @@ def test_lanes_decode_every_code_pair():
     gives on the byte-ordered word: the bf16 patterns of ``code * 2**-126``, for all 256 code pairs at all 4
     positions (the other codes of the word random).  10 PTX integer instructions per word, 9 once ptxas merges the
     mask and the OR of register 0 into one LOP3 (the sm_90 SASS tests count them); the byte order takes 13."""
-    asm = small.LANES_DECODE_ASM.value
+    asm = decode.LANES_DECODE_ASM.value
     integer_ops = [ln for ln in asm.splitlines() if ln.strip().split(" ")[0] in
                    ("and.b32", "or.b32", "shl.b32", "shr.u32", "shf.l.wrap.b32", "prmt.b32")]
     assert len(integer_ops) == 10
     for pair, byte, word, lo, hi in every_code_pair_word():
         regs = _run_decode_ptx(asm, _lanes_bits(word))
-        assert regs == [small.decode_pair_bits(word, p) for p in range(4)], (pair, byte)
-        assert small.decode_lanes_pair_bits(_lanes_bits(word), pair) == regs[pair]
+        assert regs == [decode.decode_pair_bits(word, p) for p in range(4)], (pair, byte)
+        assert decode.decode_lanes_pair_bits(_lanes_bits(word), pair) == regs[pair]
         assert regs[pair] & 0xFFFF == lo and regs[pair] >> 16 == hi, (pair, byte)
 
 
@@ -100,7 +99,7 @@ def test_paired_scale_multipliers():
     two registers, exactly the bf16 multiplier ``2**(e - 1 - SHIFT)`` that the one-scale-per-register path builds
     (``(e + 127 - SHIFT - 1) * 0x00800080``): groups 0 and 2 in the first register, 1 and 3 in the second, for every
     scale byte the loader admits at every position."""
-    asm = small.SCALE_PAIR_ASM.value
+    asm = decode.SCALE_PAIR_ASM.value
     lines = [ln.strip().rstrip(";") for ln in asm.splitlines() if ln.strip() and ln.strip() not in "{}"
              and not ln.strip().startswith(".reg")]
 
@@ -110,7 +109,7 @@ def test_paired_scale_multipliers():
             op, args = line.split(None, 1)
             a = [x.strip() for x in args.split(",")]
             if op == "prmt.b32":
-                regs[a[0]] = small._prmt(regs[a[1]], regs[a[2]], int(a[3], 0))
+                regs[a[0]] = decode._prmt(regs[a[1]], regs[a[2]], int(a[3], 0))
             elif op == "mad.lo.u32":
                 regs[a[0]] = (regs[a[1]] * int(a[2], 0) + int(a[3], 0)) & 0xFFFFFFFF
             else:
@@ -118,9 +117,9 @@ def test_paired_scale_multipliers():
         return regs["$0"], regs["$1"]
 
     def single(e):
-        return ((e + 127 - small._SHIFT - 1) * 0x00800080) & 0xFFFF
+        return ((e + 127 - decode._SHIFT - 1) * 0x00800080) & 0xFFFF
 
-    max_byte = 254 - (127 - small._SHIFT - 1)  # the largest scale whose multiplier is a normal bf16 (the loader's cap)
+    max_byte = 254 - (127 - decode._SHIFT - 1)  # the largest scale whose multiplier is a normal bf16 (the loader's cap)
     gen = torch.Generator().manual_seed(0)
     for e in range(max_byte + 1):
         others = torch.randint(0, max_byte + 1, (4,), generator=gen).tolist()
@@ -134,8 +133,8 @@ def test_paired_scale_multipliers():
 def test_lanes_decode_halves():
     """``LANES_DECODE_ASM_LOW`` / ``_HIGH`` are ``LANES_DECODE_ASM`` with the multiplier taken from one half of the
     paired register (broadcast to both lanes; ptxas folds it into the multiply's operand), the low or the high."""
-    plain = small.LANES_DECODE_ASM.value
-    for asm, half in ((small.LANES_DECODE_ASM_LOW.value, "{h, g}"), (small.LANES_DECODE_ASM_HIGH.value, "{g, h}")):
+    plain = decode.LANES_DECODE_ASM.value
+    for asm, half in ((decode.LANES_DECODE_ASM_LOW.value, "{h, g}"), (decode.LANES_DECODE_ASM_HIGH.value, "{g, h}")):
         assert f"mov.b32 {half}, $5;" in asm and "mov.b32 m, {h, h};" in asm
         body = [ln for ln in asm.splitlines() if not ln.startswith((".reg .b16", ".reg .b32 m", "mov.b32"))]
         assert "\n".join(body).replace(", m;", ", $5;") == plain
@@ -174,7 +173,7 @@ def test_lanes_through_the_op(device, rng, m, n, k):
 def test_preferred_layout_off_sm90():
     """Rows wherever the ring kernel cannot run (here: the CPU), lanes never for K % 128 != 0."""
     assert preferred_layout(8192, 8192, "cpu") == "rows"
-    assert not small.lanes_serve(8192, 2880, torch.device("cpu"))
+    assert not planner.lanes_serve(8192, 2880, torch.device("cpu"))
 
 
 @pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")

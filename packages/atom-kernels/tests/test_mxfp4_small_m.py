@@ -11,6 +11,7 @@ import torch
 from helpers import assert_close, assert_graph_capturable, every_code_pair_word, randn
 
 from atom_kernels import formats, mxfp4_mm
+from atom_kernels.ops.mxfp4_mm import decode, planner
 from atom_kernels.ops.mxfp4_mm import triton_small_m as small
 
 CUDA = torch.cuda.is_available()
@@ -31,7 +32,7 @@ def test_decode_pair_bits_every_code_pair():
     the bf16 patterns of ``code * 2**-126`` in the low and high halves, for all 256 code pairs at all 4
     positions (the other codes of the word random)."""
     for pair, byte, word, lo, hi in every_code_pair_word():
-        bits = small.decode_pair_bits(word, pair)
+        bits = decode.decode_pair_bits(word, pair)
         assert bits & 0xFFFF == lo and bits >> 16 == hi, (pair, byte)
 
 
@@ -40,22 +41,22 @@ def test_scale_multiplier_bits(e):
     """The bf16x2 multiplier ``(e + 127 - SHIFT - 1) * 0x00800080`` is ``2**(e - 1 - SHIFT)`` in both halves,
     so a decoded ``code * 2**-126`` times it is ``code * 2**(e - 127) * 2**-SHIFT``, a normal bf16 for every
     nonzero code over the supported scale range 2**-93 .. 2**33 (e = 34 .. 160)."""
-    mult = (e + 127 - small._SHIFT - 1) * 0x00800080
+    mult = (e + 127 - decode._SHIFT - 1) * 0x00800080
     half = torch.tensor([mult & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float().item()
-    assert mult >> 16 == mult & 0xFFFF and half == 2.0 ** (e - 1 - small._SHIFT)
+    assert mult >> 16 == mult & 0xFFFF and half == 2.0 ** (e - 1 - decode._SHIFT)
     products = (formats.E2M1_VALUES[1:8] * 2.0**-126 * half).to(torch.bfloat16).float()
-    assert torch.equal(products, formats.E2M1_VALUES[1:8] * 2.0 ** (e - 127 - small._SHIFT))
+    assert torch.equal(products, formats.E2M1_VALUES[1:8] * 2.0 ** (e - 127 - decode._SHIFT))
     assert products.min() >= 2.0**-126 and products.max() < 2.0**127
 
 
 def test_chunk_groups_and_plan():
-    assert [small.chunk_groups(k) for k in (32, 64, 96, 128, 2880, 8192)] == [1, 2, 1, 4, 2, 4]
-    assert small.chunk_groups(8192, 64) == 2 and small.chunk_groups(2880, 256) == 2
-    p = small.plan(1, 8192, 8192, torch.device("cpu"), {"block_n": 128, "block_k": 256})
+    assert [decode.chunk_groups(k) for k in (32, 64, 96, 128, 2880, 8192)] == [1, 2, 1, 4, 2, 4]
+    assert decode.chunk_groups(8192, 64) == 2 and decode.chunk_groups(2880, 256) == 2
+    p = planner.plan(1, 8192, 8192, torch.device("cpu"), {"block_n": 128, "block_k": 256})
     assert p["split"] * p["k_split"] >= 8192 and p["k_split"] % 256 == 0 and p["c"] == 4
-    assert small.plan(1, 64, 256, torch.device("cpu"), {"block_k": 64})["c"] == 2
+    assert planner.plan(1, 64, 256, torch.device("cpu"), {"block_k": 64})["c"] == 2
     with pytest.raises(ValueError, match="power of two"):
-        small.plan(1, 64, 256, torch.device("cpu"), {"block_k": 96})
+        planner.plan(1, 64, 256, torch.device("cpu"), {"block_k": 96})
 
 
 # --------------------------------------------------------------------------------- the kernel
@@ -98,7 +99,7 @@ def test_strided_activations(device, rng):
             ref = mxfp4_mm.call_backend("reference", x.contiguous(), w, s)
             out = mxfp4_mm.call_backend("triton", x.to(device), w.to(device), s.to(device))
             assert_close(out.cpu(), ref, x.dtype)
-            if m <= small.SMALL_M_MAX:
+            if m <= planner.SMALL_M_MAX:
                 assert_close(small.mxfp4_mm_small_m(x.to(device), w.to(device), s.to(device)).cpu(), ref, x.dtype)
 
 
@@ -175,7 +176,7 @@ def test_sweep_configs_agree(device, rng):
     w, s = _weight(n, k, rng)
     x = randn(m, k, gen=rng, dtype=torch.bfloat16, device=device)
     ref = mxfp4_mm.call_backend("reference", x.cpu(), w, s)
-    configs = small.SWEEP if device.type == "cuda" else small.SWEEP[::3]
+    configs = planner.SWEEP if device.type == "cuda" else planner.SWEEP[::3]
     for config in configs:
         out = small.mxfp4_mm_small_m(x, w.to(device), s.to(device), None, config)
         assert_close(out.cpu(), ref, torch.bfloat16)
@@ -231,8 +232,8 @@ def test_ring_applies_only_where_its_kernel_can_run():
     cpu = torch.device("cpu")
 
     def applies(k=8192, config=None, stride=8192, address=0, capability=(9, 0)):
-        p = small.plan(4, 256, k, cpu, dict({"loads": "ring"}, **(config or {})))
-        return small.ring_applies(p, k, stride, address, capability)
+        p = planner.plan(4, 256, k, cpu, dict({"loads": "ring"}, **(config or {})))
+        return planner.ring_applies(p, k, stride, address, capability)
 
     assert applies()
     assert not applies(config={"loads": "registers"})
@@ -246,7 +247,7 @@ def test_ring_applies_only_where_its_kernel_can_run():
     assert not applies(stride=8191) and not applies(address=2)
     assert applies(config={"stages": 3}) and not applies(config={"stages": 4})  # a ring of 2 or 3 slots
     for k in (1536, 2304, 8192, 14336):  # the ring plan always splits K into whole steps
-        p = small.plan(1, 8192, k, cpu, {"loads": "ring", "split_k": "auto"})
+        p = planner.plan(1, 8192, k, cpu, {"loads": "ring", "split_k": "auto"})
         assert p["k_split"] * p["split"] == k and p["k_split"] % p["block_k"] == 0, p
 
 
@@ -264,8 +265,8 @@ def test_ring_kernel(rng, m, n, k, config, layout, static_weights):
     stored = formats.mxfp4_rows_to_lanes(w) if layout == "lanes" else w
     x = randn(m, k, gen=rng, dtype=torch.bfloat16)
     bias = randn(n, gen=rng, dtype=torch.bfloat16) if m % 2 else None
-    p = small.plan(m, n, k, torch.device("cuda"), config)
-    assert small.ring_applies(p, k, x.stride(0), 0, torch.cuda.get_device_capability()), p
+    p = planner.plan(m, n, k, torch.device("cuda"), config)
+    assert planner.ring_applies(p, k, x.stride(0), 0, torch.cuda.get_device_capability()), p
     ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
     out = torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda")
     ws = torch.full((p["split"], m, n), float("nan"), dtype=torch.float32, device="cuda")
@@ -309,11 +310,11 @@ def test_ring_kernel_cuda_graph_capturable(rng):
 def test_resident_scales_fit():
     """The ring kernel keeps a program's whole scale slice resident when the plan asks for it (the default) and it
     takes at most ``RESIDENT_SCALE_BYTES`` of shared memory; otherwise each step's scales ride in its ring slot."""
-    p = small.plan(1, 8192, 8192, torch.device("cpu"), {"loads": "ring", "split_k": 4})
-    assert small.DEFAULT["resident_scales"] and small.resident_scales_fit(p)  # 2048 / 32 bytes x 64 rows
-    assert not small.resident_scales_fit(dict(p, resident_scales=False))
-    assert small.resident_scales_fit(dict(p, k_split=8192)) and not small.resident_scales_fit(dict(p, k_split=16384))
-    assert not small.resident_scales_fit(dict(p, block_n=128, k_split=8192))
+    p = planner.plan(1, 8192, 8192, torch.device("cpu"), {"loads": "ring", "split_k": 4})
+    assert planner.DEFAULT["resident_scales"] and planner.resident_scales_fit(p)  # 2048 / 32 bytes x 64 rows
+    assert not planner.resident_scales_fit(dict(p, resident_scales=False))
+    assert planner.resident_scales_fit(dict(p, k_split=8192)) and not planner.resident_scales_fit(dict(p, k_split=16384))
+    assert not planner.resident_scales_fit(dict(p, block_n=128, k_split=8192))
 
 
 def test_wide_tile_split_cap(monkeypatch):
@@ -322,20 +323,20 @@ def test_wide_tile_split_cap(monkeypatch):
     (``vec_sum_applies``) it keeps the auto split (the H200 data in their comments).  The 8-wide tile, the
     register-load kernel and an explicit split are left alone.  (One warpgroup per program: K parts, which the 16-wide
     tile takes by default where the call is one wave, are ``test_k_parts_plan``'s.)"""
-    monkeypatch.setattr(small, "_num_sms", lambda index: 132)  # an H200's SMs, so "auto" picks what it picks there
-    monkeypatch.setitem(small.DEFAULT, "parts", 1)
+    monkeypatch.setattr(planner, "_num_sms", lambda index: 132)  # an H200's SMs, so "auto" picks what it picks there
+    monkeypatch.setitem(planner.DEFAULT, "parts", 1)
     gpu = torch.device("cuda", 0)  # (only named: planning touches no GPU)
-    assert small.vec_sum_applies(small.DEFAULT, 1024) and not small.vec_sum_applies(small.DEFAULT, 1000)
-    assert not small.vec_sum_applies(dict(small.DEFAULT, vec_sum=False), 1024)
-    assert small.plan(16, 1024, 8192, gpu)["split"] == small.plan(8, 1024, 8192, gpu)["split"] == 16
-    assert small.plan(16, 1000, 8192, gpu)["split"] == small.plan(9, 1000, 8192, gpu)["split"] == 8
-    assert small.plan(8, 1000, 8192, gpu)["split"] == 16
-    assert small.plan(16, 1024, 8192, gpu, {"vec_sum": False})["split"] == 8
-    assert small.plan(5, 1000, 8192, gpu, {"narrow_m": False})["split"] == 8
-    assert small.plan(16, 1000, 16384, gpu)["split"] == 8 and small.plan(16, 1024, 16384, gpu)["split"] == 32
-    assert small.plan(16, 8192, 8192, gpu)["split"] == 4  # "auto" under the cap: unchanged
-    assert small.plan(16, 1000, 8192, gpu, {"loads": "registers"})["split"] == 16
-    assert small.plan(16, 1000, 8192, gpu, {"split_k": 16})["split"] == 16
+    assert planner.vec_sum_applies(planner.DEFAULT, 1024) and not planner.vec_sum_applies(planner.DEFAULT, 1000)
+    assert not planner.vec_sum_applies(dict(planner.DEFAULT, vec_sum=False), 1024)
+    assert planner.plan(16, 1024, 8192, gpu)["split"] == planner.plan(8, 1024, 8192, gpu)["split"] == 16
+    assert planner.plan(16, 1000, 8192, gpu)["split"] == planner.plan(9, 1000, 8192, gpu)["split"] == 8
+    assert planner.plan(8, 1000, 8192, gpu)["split"] == 16
+    assert planner.plan(16, 1024, 8192, gpu, {"vec_sum": False})["split"] == 8
+    assert planner.plan(5, 1000, 8192, gpu, {"narrow_m": False})["split"] == 8
+    assert planner.plan(16, 1000, 16384, gpu)["split"] == 8 and planner.plan(16, 1024, 16384, gpu)["split"] == 32
+    assert planner.plan(16, 8192, 8192, gpu)["split"] == 4  # "auto" under the cap: unchanged
+    assert planner.plan(16, 1000, 8192, gpu, {"loads": "registers"})["split"] == 16
+    assert planner.plan(16, 1000, 8192, gpu, {"split_k": 16})["split"] == 16
 
 
 def test_k_parts_plan(monkeypatch):
@@ -344,15 +345,15 @@ def test_k_parts_plan(monkeypatch):
     steps (>= 2) and its scales resident: then 2 ring slots (``K_PARTS_STAGES``) and no split-K sum where one program
     takes the whole K.  Up to 8 tokens, on checkpoint-order weights, with more column tiles than SMs, or where the scales
     do not fit, one warpgroup per program; an explicit ``parts`` is kept where it can run."""
-    monkeypatch.setattr(small, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(planner, "_num_sms", lambda index: 132)
     gpu = torch.device("cuda", 0)  # (only named: planning touches no GPU)
 
     def plan(m, n, k, config=None, layout="lanes"):
-        p = small.plan(m, n, k, gpu, config, layout)
+        p = planner.plan(m, n, k, gpu, config, layout)
         return p["parts"], p["split"], p["stages"]
 
-    assert small.DEFAULT["parts"] == "auto" and small.K_PARTS == 4
-    assert plan(16, 8192, 8192) == plan(9, 8192, 8192) == (4, 1, small.K_PARTS_STAGES)
+    assert planner.DEFAULT["parts"] == "auto" and planner.K_PARTS == 4
+    assert plan(16, 8192, 8192) == plan(9, 8192, 8192) == (4, 1, planner.K_PARTS_STAGES)
     assert plan(16, 1024, 16384) == (4, 8, 2) and plan(16, 4096, 8192) == (4, 2, 2)
     assert plan(8, 8192, 8192) == (1, 4, 3) and plan(1, 8192, 8192) == (1, 4, 3)  # the 8-wide tile
     assert plan(16, 8192, 8192, layout="rows")[0] == 1
@@ -361,31 +362,31 @@ def test_k_parts_plan(monkeypatch):
     assert plan(16, 8192, 8192, {"parts": 1}) == (1, 4, 3)
     assert plan(8, 8192, 8192, {"parts": 4}) == (4, 1, 2)  # explicit: also on the 8-wide tile
     assert plan(16, 8192, 640, {"parts": 4})[0] == 1  # 3 K steps: not whole parts
-    p = small.plan(16, 8192, 8192, gpu)
-    assert small.ring_applies(p, 8192, 8192, 0, (9, 0)) and p["num_warps"] == 4
-    assert not small.ring_applies(dict(p, num_warps=8), 8192, 8192, 0, (9, 0))
-    assert not small.ring_applies(dict(p, parts=2), 8192, 8192, 0, (9, 0))
-    assert not small.ring_applies(dict(p, block_n=128), 8192, 8192, 0, (9, 0))
+    p = planner.plan(16, 8192, 8192, gpu)
+    assert planner.ring_applies(p, 8192, 8192, 0, (9, 0)) and p["num_warps"] == 4
+    assert not planner.ring_applies(dict(p, num_warps=8), 8192, 8192, 0, (9, 0))
+    assert not planner.ring_applies(dict(p, parts=2), 8192, 8192, 0, (9, 0))
+    assert not planner.ring_applies(dict(p, block_n=128), 8192, 8192, 0, (9, 0))
 
 
 def test_ring_stages():
     """The ring is 3 slots deep where each program has at least 8 K steps and, with the 16-wide MMA tile, at most 16
     (beyond, 4 programs no longer fit on an SM; the H200 data in ``DEEP_RING``'s comment), else 2; a configuration that
     names its stages keeps them."""
-    assert small.ring_stages(8, 8) == 3 and small.ring_stages(8, 32) == 3
-    assert small.ring_stages(16, 8) == 3 and small.ring_stages(16, 16) == 3
-    assert small.ring_stages(8, 7) == 2 and small.ring_stages(16, 7) == 2 and small.ring_stages(16, 17) == 2
-    assert small.ring_stages(16, 8, lanes=False) == 2 and small.ring_stages(8, 8, lanes=False) == 3
+    assert planner.ring_stages(8, 8) == 3 and planner.ring_stages(8, 32) == 3
+    assert planner.ring_stages(16, 8) == 3 and planner.ring_stages(16, 16) == 3
+    assert planner.ring_stages(8, 7) == 2 and planner.ring_stages(16, 7) == 2 and planner.ring_stages(16, 17) == 2
+    assert planner.ring_stages(16, 8, lanes=False) == 2 and planner.ring_stages(8, 8, lanes=False) == 3
     cpu = torch.device("cpu")
-    assert small.DEFAULT["stages"] == "auto"
-    assert small.plan(1, 8192, 8192, cpu, {"split_k": 4})["stages"] == 3  # 8 steps of 256
-    assert small.plan(8, 8192, 8192, cpu, {"split_k": 8})["stages"] == 2  # 4 steps
-    assert small.plan(16, 8192, 8192, cpu, {"split_k": 4})["stages"] == 3  # 16-wide tile, 8 steps
-    assert small.plan(16, 8192, 8192, cpu, {"split_k": 4}, "rows")["stages"] == 2  # checkpoint order: no resident scales
-    assert small.plan(16, 8192, 8192, cpu, {"split_k": 1})["stages"] == 2  # 16-wide tile, 32 steps
-    assert small.plan(5, 8192, 8192, cpu, {"split_k": 1})["stages"] == 3  # 8-wide tile, 32 steps
-    assert small.plan(5, 8192, 8192, cpu, {"split_k": 1, "narrow_m": False})["stages"] == 2  # 16-wide
-    assert small.plan(1, 8192, 8192, cpu, {"split_k": 4, "stages": 2})["stages"] == 2
+    assert planner.DEFAULT["stages"] == "auto"
+    assert planner.plan(1, 8192, 8192, cpu, {"split_k": 4})["stages"] == 3  # 8 steps of 256
+    assert planner.plan(8, 8192, 8192, cpu, {"split_k": 8})["stages"] == 2  # 4 steps
+    assert planner.plan(16, 8192, 8192, cpu, {"split_k": 4})["stages"] == 3  # 16-wide tile, 8 steps
+    assert planner.plan(16, 8192, 8192, cpu, {"split_k": 4}, "rows")["stages"] == 2  # checkpoint order: no resident scales
+    assert planner.plan(16, 8192, 8192, cpu, {"split_k": 1})["stages"] == 2  # 16-wide tile, 32 steps
+    assert planner.plan(5, 8192, 8192, cpu, {"split_k": 1})["stages"] == 3  # 8-wide tile, 32 steps
+    assert planner.plan(5, 8192, 8192, cpu, {"split_k": 1, "narrow_m": False})["stages"] == 2  # 16-wide
+    assert planner.plan(1, 8192, 8192, cpu, {"split_k": 4, "stages": 2})["stages"] == 2
 
 
 @pytest.mark.skipif(not SM90, reason="the Gluon kernel is sm_90 only")
@@ -402,8 +403,8 @@ def test_vec_sum_equals_column_sum(rng, m, n, k, config):
     ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
     lanes = formats.mxfp4_rows_to_lanes(w).cuda()
     x, s, bias = x.cuda(), s.cuda(), bias.cuda()
-    assert small.ring_serves(x, n, config) and small.vec_sum_applies(small.plan(m, n, k, x.device, config), n)
-    config = dict(config, split_k=small.plan(m, n, k, x.device, config)["split"])  # the same split both ways
+    assert planner.ring_serves(x, n, config) and planner.vec_sum_applies(planner.plan(m, n, k, x.device, config), n)
+    config = dict(config, split_k=planner.plan(m, n, k, x.device, config)["split"])  # the same split both ways
     outs = [small.mxfp4_mm_small_m(x, lanes, s, bias, dict(config, vec_sum=vec), layout="lanes") for vec in (True, False)]
     assert torch.equal(outs[0], outs[1])
     assert_close(outs[0].cpu(), ref, torch.bfloat16)
@@ -421,7 +422,7 @@ def test_k_parts_equal_split_k(rng, m, n, k):
     ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
     lanes, x, s, bias = formats.mxfp4_rows_to_lanes(w).cuda(), x.cuda(), s.cuda(), bias.cuda()
     parts, split = {"loads": "ring", "parts": 4, "split_k": 1}, {"loads": "ring", "parts": 1, "split_k": 4}
-    assert small.plan(m, n, k, x.device, parts)["parts"] == 4 and small.ring_serves(x, n, parts)
+    assert planner.plan(m, n, k, x.device, parts)["parts"] == 4 and planner.ring_serves(x, n, parts)
     outs = [small.mxfp4_mm_small_m(x, lanes, s, bias, config, layout="lanes", static_weights=True)
             for config in (parts, split)]
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
@@ -441,7 +442,7 @@ def test_resident_scales_equal_ring_slot_scales(rng, m, n, k, config, static_wei
     x = randn(m, k, gen=rng, dtype=torch.bfloat16, device="cuda")
     bias = randn(n, gen=rng, dtype=torch.bfloat16, device="cuda")
     config = dict(config, loads="ring", parts=1)
-    assert small.ring_serves(x, n, config) and small.resident_scales_fit(small.plan(m, n, k, x.device, config))
+    assert planner.ring_serves(x, n, config) and planner.resident_scales_fit(planner.plan(m, n, k, x.device, config))
     outs = [small.mxfp4_mm_small_m(x, lanes, s, bias, dict(config, resident_scales=resident), layout="lanes",
                                    static_weights=static_weights) for resident in (True, False)]
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)

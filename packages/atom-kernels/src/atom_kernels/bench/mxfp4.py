@@ -3,7 +3,7 @@ cuBLAS by >= 2.5x (it moves a quarter of the bytes).
 
 For N = K = 8192 and gpt-oss-120b's expert gate|up shape (N = 5760, K = 2880), M = 1 and 16 (and 4
 without ``--quick``): bf16 cuBLAS, the op's default Triton path (``mxfp4_mm.call_backend("triton")``),
-every configuration of the small-M kernel (``triton_small_m.SWEEP``) and the warpgroup-MMA kernel's
+every configuration of the small-M kernel (``planner.SWEEP``) and the warpgroup-MMA kernel's
 baseline configurations (``triton.SWEEP``), each row with its time, the floor (bytes over the measured
 copy bandwidth), the plan it ran (split, blocks) and its relative error against the dequantized matmul
 (so a fast but wrong configuration shows).  The default is timed back to back with itself and after each of
@@ -24,7 +24,7 @@ import torch
 
 from atom_kernels import formats, mxfp4_mm, rms_norm
 from atom_kernels.bench.timing import measure
-from atom_kernels.ops.mxfp4_mm import preferred_layout, triton_small_m
+from atom_kernels.ops.mxfp4_mm import planner, preferred_layout
 from atom_kernels.ops.mxfp4_mm import triton as mma_triton
 
 SHAPES = {"8192x8192": (8192, 8192), "moe-gpt-oss-w13": (5760, 2880)}  # (N, K)
@@ -94,7 +94,7 @@ def sweep_layout(cfg: dict, x: torch.Tensor, n: int, preferred: str) -> str:
     """The byte order a small-M sweep configuration is timed in: the layers' (``preferred``) where the ring kernel
     serves that configuration, since it reads it fastest, else the checkpoint's, the only one the register-load
     kernel reads."""
-    return preferred if triton_small_m.ring_serves(x, n, cfg) else "rows"
+    return preferred if planner.ring_serves(x, n, cfg) else "rows"
 
 
 def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True) -> list[dict]:
@@ -122,13 +122,13 @@ def gemm_rows(shape: str, n: int, k: int, m: int, ctx: dict, sweep: bool = True)
     layout = preferred_layout(n, k, x.device)
     candidates = [("atom-triton", None, layout)] + ([("atom-triton rows-layout", None, "rows")] if layout != "rows" else [])
     if sweep:  # {} is the default; each configuration in the byte order a layer would give its kernel
-        candidates += [("small-m sweep", cfg, sweep_layout(cfg, x, n, layout)) for cfg in triton_small_m.SWEEP if cfg]
+        candidates += [("small-m sweep", cfg, sweep_layout(cfg, x, n, layout)) for cfg in planner.SWEEP if cfg]
         candidates += [("mma sweep", cfg, "rows") for cfg in mma_triton.SWEEP]
     for impl, cfg, row_layout in candidates:
         row = {**base, "impl": impl, "config": json.dumps(cfg) if cfg is not None else "default", "layout": row_layout}
         row_pairs = [(formats.mxfp4_rows_to_lanes(a), b) for a, b in pairs] if row_layout == "lanes" else pairs
         if cfg is None or cfg.get("kernel", "small_m") == "small_m":
-            row["plan"] = json.dumps({key: v for key, v in triton_small_m.plan(m, n, k, x.device, cfg, row_layout).items()
+            row["plan"] = json.dumps({key: v for key, v in planner.plan(m, n, k, x.device, cfg, row_layout).items()
                                       if key in ("mma", "block_n", "block_k", "split", "reduce", "num_warps",
                                                  "num_stages", "loads", "stages")})
         try:

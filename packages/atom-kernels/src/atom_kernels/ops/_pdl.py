@@ -10,9 +10,8 @@ PDL after one that never calls ``launch_dependents`` simply starts when that one
 ATOM's decode-path kernels that feed a GEMM (RMSNorm, SiLU-and-mul), the small-M MXFP4 GEMM, and the MoE chain's
 routing, align and bf16 expert kernels let their successor launch as they start and wait first thing; the MXFP4
 GEMM, whose weights do not depend on the previous kernel, starts streaming them before its wait
-(``mxfp4_mm/gluon_small_m.py``).  H200: bf16 MoE (E=128, top-8, H=2048, I=768) routing + fused MoE at 1 token
-35.0 -> 30.2 us.  The FP8/MXFP4 expert kernels (``fused_moe/triton_quant.py``) do not use it: with it they measured
-1-1.6 us slower at 1 token, for a reason not found (``bench/results/2026-12-01T1040-h200/moe-pdl-ab.json``).
+(``mxfp4_mm/gluon_small_m.py``).  The FP8/MXFP4 expert kernels (``fused_moe/triton_quant.py``) do not use it:
+they measured slower with it (docs/performance-notes.md).
 """
 
 from __future__ import annotations

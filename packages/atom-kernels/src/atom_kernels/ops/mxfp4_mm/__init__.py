@@ -29,11 +29,9 @@ mxfp4_mm = register_op("mxfp4_mm", __name__)
 def preferred_layout(n: int, k: int, device) -> str:
     """The byte order the Triton kernels read an ``[n, k]`` weight fastest in on ``device``: ``"lanes"`` where the
     sm_90 small-M ring kernel serves decode-sized calls (K % 256 == 0 and the ring's other conditions), else
-    ``"rows"``.  Lanes is also the warpgroup-MMA kernel's natural order (above 16 tokens): H200, N=K=8192,
-    2026-12-01 (with its lanes configurations): 16 tokens 20.0 -> 17.9 us, 17 tokens 49.9 -> 22.9, 256 tokens 158 ->
-    68, 4096 tokens 1995 -> 1004
-    (``bench/results/2026-12-01T0510-h200``).  ``atom_core``'s MXFP4 layers keep weights in this order
+    ``"rows"``.  Lanes is also the warpgroup-MMA kernel's natural order above 16 tokens (about twice as fast there on
+    the H200).  ``atom_core``'s MXFP4 layers keep weights in this order
     (``ATOM_MXFP4_LAYOUT=rows`` keeps the checkpoint's)."""
-    from atom_kernels.ops.mxfp4_mm.triton_small_m import lanes_serve
+    from atom_kernels.ops.mxfp4_mm.planner import lanes_serve
 
     return "lanes" if lanes_serve(n, k, device) else "rows"

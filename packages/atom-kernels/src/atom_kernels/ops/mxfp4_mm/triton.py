@@ -24,9 +24,8 @@ is the pair of codes at K ``8 p + 2 c`` of its group, exactly the pairs MMA lane
 register fragment.  So a run is one 16-byte load, each pair decodes to one bf16x2 register (``decode_words`` with
 ``LANES``: the word's bits are stored where one or two shifts and masks fetch each pair, ``formats.LANES_PAIR_TERMS``),
 the decoded tile is in natural K order and the activations are used as they
-are: no permutation through shared memory (sm_90 SASS of the loop: 322 instead of 433 instructions at 128x128
-tiles, no ``ldmatrix``/``stmatrix``).  H200, N=K=8192: 17 tokens 49.1 -> 30.9 us, 4096 tokens 1988 -> 1157
-(``bench/results/2026-12-01T0510-h200``); with configurations tuned on lanes (``LANES_CONFIGS``) 22.8 and 1021.
+are: no permutation through shared memory (no ``ldmatrix``/``stmatrix`` in the sm_90 loop), which halves the time
+above 16 tokens (docs/kernels.md).
 
 In Triton 3.6's CPU interpreter bf16 arithmetic and bf16 ``tl.dot`` operate on the raw 16-bit
 integers, so there (``EXACT``) the same decoded values are scaled and multiplied in fp32.  The bf16
@@ -46,14 +45,16 @@ from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.formats import MX_GROUP, MXFP4_LAYOUTS
 from atom_kernels.ops._triton_common import grouped_tile
 from atom_kernels.ops.gemm_common import pick_split_k, reduce_splits
-from atom_kernels.ops.mxfp4_mm.triton_small_m import SMALL_M_MAX, decode_words, mxfp4_mm_small_m, ring_serves
+from atom_kernels.ops.mxfp4_mm.decode import decode_words
+from atom_kernels.ops.mxfp4_mm.planner import SMALL_M_MAX, ring_serves
+from atom_kernels.ops.mxfp4_mm.triton_small_m import mxfp4_mm_small_m
 
 # The decoded weights carry a factor 2**-SHIFT so every scale from 2**-93 to 2**33 stays a normal bf16.
 _SHIFT = 32
 
 # Warpgroup-MMA kernel configurations by the number of tokens ("decode" runs only when asked for with
 # ``config={"kernel": "mma"}``: up to SMALL_M_MAX tokens the small-M kernel runs).  The bench sweeps
-# alternatives (``SWEEP``; the small-M kernel's are ``triton_small_m.SWEEP``).
+# alternatives (``SWEEP``; the small-M kernel's are ``planner.SWEEP``).
 CONFIGS: dict[str, dict] = {
     "decode": dict(block_n=64, block_m=16, block_k=256, split_k="auto", group=1, num_warps=4, num_stages=4),
     "small": dict(block_n=64, block_m=64, block_k=128, split_k="auto", group=1, num_warps=4, num_stages=4),
@@ -62,8 +63,7 @@ CONFIGS: dict[str, dict] = {
 }
 
 # On "lanes" weights (the default byte order on sm_90) by the largest token count each serves (None: any): the
-# 2026-12-01 H200 sweep of this kernel on lanes at N=K=8192 (``bench/results/2026-12-01T0510-h200/
-# mma-lanes-configs*.json``; times of CONFIGS' entry -> this one).
+# fastest of an H200 sweep at N=K=8192 (µs with CONFIGS' entry -> this one).
 LANES_CONFIGS: tuple[tuple[int | None, dict], ...] = (
     (16, dict(block_n=64, block_m=16, block_k=256, split_k=4, group=1, num_warps=4, num_stages=3)),  # 18.8 / 19.8 (*)
     (32, dict(block_n=64, block_m=32, block_k=256, split_k="auto", group=1, num_warps=4, num_stages=4)),  # 32.1 -> 22.9 us
