@@ -196,11 +196,10 @@ def test_prefill_then_decode_equals_recurrence(device, rng, layout):
 
 
 # Kernel variants selectable by config (bench/gdn.py times them side by side): the shape class's default, the
-# fused intra-chunk kernel, its "solve" mode (A through memory + _wu_kernel), the first version ("split"), the
+# fused intra-chunk kernel, its "solve" mode (A through memory + _wu_kernel), the
 # product-form diagonal inverse, and key/value slices narrower than the head dims (two slices of K=32 and V=32).
 PREFILL_VARIANTS = [
     ({}, (1, 2)),
-    ({"intra": "split"}, (1, 2)),
     ({"intra": "fused"}, (2, 2)),
     ({"intra": "solve"}, (2, 2)),
     ({"intra": "fused", "inverse": "double"}, (1, 2)),

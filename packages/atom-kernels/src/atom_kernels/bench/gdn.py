@@ -10,9 +10,9 @@ Cases (Qwen3-Next-80B linear-attention shapes: H=16, HV=32, K=V=128, bf16 activa
   the pool, q/k through SiLU as the conv output the layer passes (correlated keys stress the WY inverse).
   fla is timed eagerly (its varlen path is not graph-capturable); ATOM eagerly (the row compared with
   fla) and by graph replay.  Target: faster than fla's ``chunk_gated_delta_rule``.  Each row carries
-  ``rel_err_vs_split``: its output against the first version's (``config["intra"] = "split"``), so a
-  fast config that computes something else shows.  The sweep includes that first version, so old and
-  new are compared in one run; the kernel breakdown of the best config follows.
+  ``rel_err_vs_ref``: its output against the "solve" mode with IEEE merges (A through memory, forward
+  substitution), so a fast config that computes something else shows; the kernel breakdown of the best config
+  follows.
 * ``conv update`` / ``conv prefill`` / ``rms_norm_gated``: the small ops of the layer against their floors
   (``--quick`` times only their chosen configs).
 
@@ -86,10 +86,10 @@ def _row(case: str, impl: str, timing: dict | Exception, nbytes: int, ctx: dict,
 
 
 def _best(rows: list[dict], case: str, impl: str = "atom best", **match: Any) -> dict | None:
-    """The fastest sweep row of ``case`` (matching ``match``); rows whose output disagrees with the first
-    version beyond the bf16 tolerance never count as best."""
+    """The fastest sweep row of ``case`` (matching ``match``); rows whose output disagrees with the IEEE "solve"
+    mode beyond the bf16 tolerance never count as best."""
     mine = [r for r in rows if r["case"] == case and r.get("sweep") and "us" in r
-            and r.get("rel_err_vs_split", 0.0) <= ACCURACY_BOUND and all(r.get(k) == v for k, v in match.items())]
+            and r.get("rel_err_vs_ref", 0.0) <= ACCURACY_BOUND and all(r.get(k) == v for k, v in match.items())]
     if not mine:
         return None
     best = dict(min(mine, key=lambda r: r["us"]))
@@ -197,9 +197,8 @@ def _decode_case(ctx: dict, fla, n: int, gen: torch.Generator) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------- prefill
 # One knob changed from the shape class's default at a time (a coordinate sweep; knobs act on separate kernels).
-# "intra": "split" is the first version (two kernels, A through memory), kept to compare old and new in one run.
 PREFILL_SWEEP = {
-    "intra": ["fused", "solve", "split"],
+    "intra": ["fused", "solve"],
     "intra_warps": [1, 2, 4],
     "intra_BK": [32, 64],
     "inverse": ["subst", "double"],
@@ -212,7 +211,7 @@ PREFILL_SWEEP = {
 }
 # --quick: the candidates that decide the defaults, few enough to compile in seconds
 PREFILL_QUICK = {  # the intra_* and inverse knobs only change the "fused"/"solve" kernels
-    "intra": ["fused", "solve", "split"],
+    "intra": ["fused", "solve"],
     "intra_warps": [1, 2],
     "inverse": ["subst", "double"],
     "state_BV": [32],
@@ -223,7 +222,7 @@ PREFILL_QUICK = {  # the intra_* and inverse knobs only change the "fused"/"solv
 
 # ATOM_GDN_BENCH_FOCUS=1: only the shipped default against the other intra-chunk modes (the one decision a
 # short GPU run can afford); ATOM_GDN_BENCH_PARTS narrows the run to some of "decode", "prefill", "small" (default all).
-PREFILL_FOCUS = {"intra": ["fused", "solve", "split"]}
+PREFILL_FOCUS = {"intra": ["fused", "solve"]}
 FOCUS_ENV, PARTS_ENV = "ATOM_GDN_BENCH_FOCUS", "ATOM_GDN_BENCH_PARTS"
 PARTS = ("decode", "prefill", "small")
 
@@ -275,12 +274,12 @@ def _prefill_case(ctx: dict, fla, num_seqs: int, seq_len: int, gen: torch.Genera
                                                    state_layout=K_MAJOR, config=cfg)
 
     base = chunk_triton.CONFIGS[chunk_triton.shape_class(num_seqs, HV)]
-    # every config's output against the first version's (fp32 substitution, IEEE merges): a fast variant
+    # every config's output against A through memory by forward substitution with IEEE merges: a fast variant
     # that computes the wrong thing must show here, not only in the tests
-    ref_out = call({**base, "intra": "split"}).clone()
+    ref_out = call({**base, "intra": "solve", "inverse": "subst", "inv_prec": "ieee"}).clone()
     for cfg in prefill_configs(base, ctx.get("quick", False)):
         timing = _time(functools.partial(call, cfg), eager=True)
-        extra = {} if isinstance(timing, Exception) else {"rel_err_vs_split": _rel_err(call(cfg), ref_out)}
+        extra = {} if isinstance(timing, Exception) else {"rel_err_vs_ref": _rel_err(call(cfg), ref_out)}
         rows.append(_row(case, "atom triton (eager)", timing, nbytes, ctx, flops, sweep=True, config=cfg,
                          default=cfg == base, **extra))
     best = _best(rows, case)
@@ -302,7 +301,7 @@ def _prefill_case(ctx: dict, fla, num_seqs: int, seq_len: int, gen: torch.Genera
                              output_final_state=True, cu_seqlens=cu_long, cu_seqlens_cpu=cu_cpu)
 
         timing = _time(fla_call, eager=True)
-        extra = {} if isinstance(timing, Exception) else {"rel_err_vs_split": _rel_err(fla_call()[0][0], ref_out)}
+        extra = {} if isinstance(timing, Exception) else {"rel_err_vs_ref": _rel_err(fla_call()[0][0], ref_out)}
         rows.append(_row(case, f"fla {version} chunk (eager)", timing, nbytes, ctx, flops, sweep=False, **extra))
         rows += [dict(r, impl="fla kernel breakdown") for r in kernel_breakdown(fla_call, case)]
     return rows
