@@ -111,9 +111,13 @@ def build(session: nox.Session) -> None:
 
 
 def install_release_tools(session: nox.Session) -> dict[str, str]:
-    """hatch, twine, pypiserver and uv for ci/release.py; returns the environment it runs with."""
-    session.install(*pinned("hatch", "twine", "pypiserver", "uv", table=TOOLS))
-    return scratch_env("release") | {"UV_CACHE_DIR": str(SCRATCH / "cache" / "uv"), "ATOM_NOX_ENVDIR": str(SCRATCH)}
+    """hatch, twine, pypiserver and uv for ci/release.py (through uv: its cache is shared); returns the environment
+    it runs with."""
+    env = scratch_env("release") | {"UV_CACHE_DIR": str(SCRATCH / "cache" / "uv"), "ATOM_NOX_ENVDIR": str(SCRATCH)}
+    session.install(*pinned("uv", table=TOOLS))
+    session.run("python", "-m", "uv", "pip", "install", "-q", "--python", str(Path(session.virtualenv.location) / "bin" / "python"),
+                *pinned("hatch", "twine", "pypiserver", table=TOOLS), env=env)
+    return env
 
 
 @nox.session
