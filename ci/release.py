@@ -219,14 +219,25 @@ def import_check(python: Path, **dists: str) -> None:
 
 
 # ---- one release ----------------------------------------------------------------------------------------
-def release(package: str, part: str, *, dry_run: bool, index_url: str | None, pypi: bool, work: Path,
-            rehearsal: bool = False) -> Version:
+def check_arguments(package: str, part: str, *, dry_run: bool, index_url: str | None, pypi: bool) -> None:
     if package not in PACKAGES:
         raise ReleaseError(f"unknown package {package!r}: one of {', '.join(PACKAGES)}")
+    if part not in PARTS:
+        try:
+            Version(part)
+        except InvalidVersion:
+            raise ReleaseError(f"version part must be one of {', '.join(PARTS)} or a version, got {part!r}") from None
     if dry_run and pypi:
         raise ReleaseError("--dry-run never publishes to PyPI: drop --pypi")
+    if pypi and index_url:
+        raise ReleaseError("--pypi and --index-url name two places to publish: pick one")
     if not dry_run and not (pypi or index_url):
         raise ReleaseError("a real release publishes: pass --pypi (or --index-url URL), or --dry-run to rehearse")
+
+
+def release(package: str, part: str, *, dry_run: bool, index_url: str | None, pypi: bool, work: Path,
+            rehearsal: bool = False) -> Version:
+    check_arguments(package, part, dry_run=dry_run, index_url=index_url, pypi=pypi)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     if dry_run:
@@ -385,8 +396,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "rehearse":
             rehearse(SCRATCH / "rehearsal")
-        elif args.dry_run and not args.index_url:
+            return 0
+        check_arguments(args.package, args.part, dry_run=args.dry_run, index_url=args.index_url, pypi=args.pypi)
+        if args.dry_run and not args.index_url:
             work = SCRATCH / args.package
+            shutil.rmtree(work.with_name(f"{args.package}-index"), ignore_errors=True)
             with local_index(work.with_name(f"{args.package}-index")) as url:
                 seed_index(args.package, url, work.with_name(f"{args.package}-seed"))
                 release(args.package, args.part, dry_run=True, index_url=url, pypi=False, work=work)
