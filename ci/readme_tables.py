@@ -56,14 +56,19 @@ def core_pins_table(pins: dict) -> str:
     return "\n".join(lines)
 
 
+def vllm_supported(pins: dict) -> str:
+    """From the oldest tested vLLM release to any patch of the newest tested minor (atom_vllm.tested's rule)."""
+    versions = sorted((e["version"] for e in pins["vllm"]), key=release_key)
+    newest = release_key(versions[-1])
+    return f">={versions[0]},<{newest[0]}.{newest[1] + 1}"
+
+
 def vllm_table(pins: dict) -> str:
     entries = sorted(pins.get("vllm", []), key=lambda e: (e["distribution"], release_key(e["version"])), reverse=True)
     if not entries:
         return "_No vLLM releases pinned._"
-    versions = sorted((e["version"] for e in entries), key=release_key)
-    newest = release_key(versions[-1])
     lines = [
-        f"atom-vllm supports vLLM `>={versions[0]},<{newest[0]}.{newest[1] + 1}` (checked when the plugin loads). "
+        f"atom-vllm supports vLLM `{vllm_supported(pins)}` (checked when the plugin loads). "
         "Tested on this CPU-only CI:",
         "",
         "| distribution | version | torch | transformers | checked |",
@@ -256,9 +261,45 @@ def sglang_table(pins: dict) -> str:
     return "\n".join(rows)
 
 
+def _distribution(package: str) -> tuple[str, dict[str, str]]:
+    """A package's version (its ``__version__``, what hatch reads) and its requirements as ``{name: range}``."""
+    project_dir = ROOT / "packages" / package
+    pyproject = tomllib.loads((project_dir / "pyproject.toml").read_text())
+    init = (project_dir / pyproject["tool"]["hatch"]["version"]["path"]).read_text()
+    version = re.search(r'^__version__ = "([^"]+)"$', init, re.M).group(1)
+    requires = {}
+    for requirement in pyproject["project"]["dependencies"]:
+        name, spec = re.match(r"([A-Za-z0-9_.-]+)\s*([^;]*)", requirement).groups()
+        requires[name] = spec.strip() or "any"
+    return version, requires
+
+
+def releases_table(pins: dict) -> str:
+    """Which version of each distribution works with which of the one below it and with which host."""
+    sglang = pins["sglang"]
+    tested_sglang = ", ".join(v for v in sorted(sglang["versions"], key=release_key) if sglang["versions"][v].get("ci"))
+    by_distribution: dict[str, list[str]] = {}
+    for e in sorted(pins["vllm"], key=lambda e: release_key(e["version"])):
+        by_distribution.setdefault(e["distribution"], []).append(e["version"])
+    tested_vllm = "; ".join(f"{d} {', '.join(v)}" for d, v in sorted(by_distribution.items()))
+    core = pins["core"]
+    hosts = {
+        "atom-vllm": f"vLLM `{vllm_supported(pins)}` (CI: {tested_vllm})",
+        "atom-sglang": f"SGLang `{sglang['supported']}` (CI: {tested_sglang})",
+        "atom-core": f"transformers `{{transformers}}` (CI: {core['transformers']})",
+        "atom-kernels": f"torch `{{torch}}` (CI: {core['torch']}; Triton {core['triton']})",
+    }
+    lines = ["| distribution | version | requires (ATOM) | works with |", "|---|---|---|---|"]
+    for package in ("atom-vllm", "atom-sglang", "atom-core", "atom-kernels"):
+        version, requires = _distribution(package)
+        atom = ", ".join(f"{name} `{spec}`" for name, spec in requires.items() if name.startswith("atom-")) or "—"
+        lines.append(f"| `{package}` | {version} | {atom} | {hosts[package].format(**requires)} |")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "models": models_table, "core-pins": core_pins_table, "vllm": vllm_table, "h200": h200_table,
-    "vllm-e2e": vllm_e2e_table, "sglang": sglang_table,
+    "vllm-e2e": vllm_e2e_table, "sglang": sglang_table, "releases": releases_table,
 }
 
 

@@ -9,9 +9,10 @@ Run them through nox, which installs the pinned tools (hatch, twine, pypiserver,
 A release bumps ``__version__`` (the version's one source; hatch reads it), moves the CHANGELOG's
 "## Unreleased" section under "## VERSION (DATE)", builds the wheel and sdist with hatch, checks them
 (``twine check --strict``, ci/check_wheels.py: entry points and ranges, the wheel imports in a fresh venv),
-commits the two files, tags ``PACKAGE-vVERSION`` and uploads. ``--dry-run`` does all of it in a scratch clone
-of HEAD and uploads to a local index (pypiserver, started here unless ``--index-url`` names one); a real
-release uploads to PyPI only with ``--pypi`` (twine reads TWINE_USERNAME/TWINE_PASSWORD or ~/.pypirc).
+commits them with docs/releasing.md's regenerated table, tags ``PACKAGE-vVERSION`` and uploads. ``--dry-run``
+does all of it in a scratch clone of HEAD and uploads to a local index (pypiserver, started here unless
+``--index-url`` names one); a real release uploads to PyPI only with ``--pypi`` (twine reads TWINE_USERNAME /
+TWINE_PASSWORD or ~/.pypirc). docs/releasing.md says more.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ PACKAGES = ("atom-kernels", "atom-core", "atom-vllm", "atom-sglang")  # bottom f
 PARTS = ("major", "minor", "patch")
 SCRATCH = Path(os.environ.get("ATOM_NOX_ENVDIR", Path(tempfile.gettempdir()) / "atom-nox")) / "release"
 UNRELEASED = "## Unreleased"
+RELEASES_DOC = "docs/releasing.md"
 
 
 class ReleaseError(Exception):
@@ -256,15 +258,17 @@ def release(package: str, part: str, *, dry_run: bool, index_url: str | None, py
     if new in tags(repo, package):
         raise ReleaseError(f"tag {tag} exists already")
     changelog, init = repo / "packages" / package / "CHANGELOG.md", version_file(repo, package)
-    originals = {changelog: changelog.read_text(), init: init.read_text()}
+    table = repo / RELEASES_DOC  # its generated table shows each package's version
+    originals = {path: path.read_text() for path in (changelog, init, table)}
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     print(f"{package}: {current} -> {new} ({'dry run in ' + str(repo) if dry_run else 'release'})", flush=True)
     try:
         changelog.write_text(move_unreleased(originals[changelog], new, date, allow_empty=rehearsal))
         if new != current:
             run("hatch", "version", str(new), cwd=init.parents[2])
+        run(sys.executable, repo / "ci" / "readme_tables.py", cwd=repo)
         files = build_and_check(repo, package, new, work, index_url if dry_run else None, fresh_import=not rehearsal)
-        run("git", "commit", "-q", "-m", f"{package} {new}", "--", changelog, init, cwd=repo)
+        run("git", "commit", "-q", "-m", f"{package} {new}", "--", *originals, cwd=repo)
         run("git", "tag", "-a", tag, "-m", f"{package} {new}", cwd=repo)
     except BaseException:
         if not dry_run:
