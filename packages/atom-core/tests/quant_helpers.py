@@ -110,3 +110,18 @@ def logit_metrics(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[fl
     g, w = torch.cat(got).float(), torch.cat(want).float()
     rel = ((g - w).norm() / w.norm()).item()
     return rel, (g - w).abs().max().item(), (g.argmax(-1) == w.argmax(-1)).float().mean().item()
+
+
+def rewrite_checkpoint(src, dst, config, tensors):
+    """A copy of checkpoint ``src`` at ``dst`` with ``config`` as its quantization_config and ``tensors`` as its weights."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dst)
+    data = json.loads(open(f"{src}/config.json").read())
+    data["quantization_config"] = config
+    (dst / "config.json").write_text(json.dumps(data))
+    save_file(tensors, str(dst / "model.safetensors"))
+    return str(dst)
