@@ -134,8 +134,8 @@ LANES_BLOCK = 128  # codes per block of the "lanes" layout (64 bytes, 4 scale gr
 # exponent bits 8-7, mantissa bit 6 (and 16 higher).  Register ``p`` is the OR of ``rotl(word, r) & mask`` over the
 # terms ``(mask, r)`` below, so the layout puts each code bit where those terms fetch it: 9 integer operations per word
 # (4 shifts, 5 and/or) where the byte-wise decode of the checkpoint's order takes 13.  (Rotations 2, 6, 12 and one of
-# two bits by 24 -- a shift by 8 -- are the cheapest cover of the word's 32 bits by 4 such sets: an exhaustive search
-# over rotations per bit, 2026-12-01.)
+# two bits by 24 -- a shift by 8 -- are the cheapest cover of the word's 32 bits by 4 such sets, found by an exhaustive
+# search over rotations per bit.)
 LANES_PAIR_TERMS = (
     ((0x81808180, 0), (0x00400040, 24)),
     ((0x81C081C0, 2),),

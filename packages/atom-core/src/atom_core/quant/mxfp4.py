@@ -96,8 +96,8 @@ def adopt_kernel_layout(layer: LinearBase) -> None:
     (``atom_kernels.ops.mxfp4_mm.preferred_layout``): ``"lanes"`` (codes permuted inside each 128-code block, bits
     inside each word) where the sm_90 small-M ring kernel serves decode-sized calls (K % 256 == 0), the checkpoint's
     ``"rows"`` elsewhere.
-    On an H200 (N=K=8192) lanes is faster at every batch size but one token (16 tokens 19.9 -> 17.7 us, 17
-    tokens 49.9 -> 22.9, 4096 tokens 1995 -> 1004; 1 token 16.1 -> 16.4, within noise).  ``ATOM_MXFP4_LAYOUT=rows``
+    On an H200 lanes is faster at every batch size above one token (about 2x above 16 tokens; docs/kernels.md).
+    ``ATOM_MXFP4_LAYOUT=rows``
     keeps the checkpoint's order.  ``layer.weight_layout`` says which, for ``apply``."""
     from atom_kernels.formats import mxfp4_rows_to_lanes
 

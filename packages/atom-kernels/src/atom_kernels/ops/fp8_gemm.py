@@ -32,8 +32,8 @@ CONFIGS: dict[str, dict] = {
 
 
 # Block-scaled mode keeps two fp32 tiles live (the running sum and each K block's product awaiting its scales),
-# so its large tile is halved: 128x256 with 8 warps spills 240 bytes per thread on sm_90 (Triton 3.6; the
-# H200 measured 4.0 ms at M = 4096, 5x bf16), 128x128 none.
+# so its large tile is halved: 128x256 with 8 warps spills 240 bytes per thread on sm_90 (Triton 3.6; 4.0 ms at
+# M = 4096 on an H200), 128x128 none.
 BLOCKWISE_CONFIGS: dict[str, dict] = {**CONFIGS, "large": dict(CONFIGS["large"], block_q=128)}
 # Large-M block-scaled alternatives the bench times (each merged over BLOCKWISE_CONFIGS["large"]).
 BLOCKWISE_LARGE_SWEEP: list[dict] = [

@@ -31,11 +31,9 @@ class Config:
     kernel: str = "chunks"  # a key of KERNELS: how a program lays out the dims of its heads
 
 
-# Chosen per shape class from H200 sweeps of ``python -m atom_kernels.bench mrope``.  2026-11-30, first sweep
-# ("pairs" only): block_h 8 / 2 warps best for the head-128 cases; Qwen3.5's fused norm (head 256) ran at
-# 2.8x the floor.  Second sweep (both kernels, --quick): "chunks" 4 heads / 1 warp runs Qwen3.5 + q/k norm at
-# 96 us for 16384 tokens (1.19x the floor; "pairs" 233 us), rope alone 16 heads / 2 warps; for head 128 both
-# kernels are within 0.3 us of each other ("chunks" kept: one kernel to maintain for the common case).
+# Chosen per shape class from H200 sweeps of ``python -m atom_kernels.bench mrope``: "chunks" runs Qwen3.5's fused
+# q/k norm (heads of 256) at 1.2x the floor where "pairs" ran 2.4x; for heads of 128 the two are within noise, so one
+# kernel serves every case.
 CONFIGS: dict[str, Config] = {
     "rope-narrow": Config(block_h=16, num_warps=2),  # rotates <= 64 dims per head (Qwen3.5: 64 of 256)
     "rope-wide": Config(block_h=8, num_warps=2),  # <= 128 (Qwen2.5-VL, Qwen3-VL)
