@@ -4,8 +4,9 @@ The tiny config (catalog) has a sliding-window layer (window 16: the longest par
 it) and a full-attention layer, YaRN rope, 8 experts top-4.  transformers initialises sinks and biases to
 values that could hide a bug (zeros), so every sink and bias is randomised before the checkpoint is saved.
 Parity (``parity.check_model``): prefill logits of three prompts within 1e-4, the same greedy tokens, decode
-log-probabilities within 1e-4 — with bf16 experts, and with MXFP4 experts (the published ``*_blocks`` /
-``*_scales`` layout) against transformers on the dequantized weights.
+log-probabilities within 1e-4 — with unquantized experts (fp32; on a GPU also the model run in bf16, within
+twice transformers' own bf16 error), and with MXFP4 experts (the published ``*_blocks`` / ``*_scales`` layout) against
+transformers on the dequantized weights.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import hf_model
-from parity import check_model
+from parity import BF16_LOGIT_ATOL, check_model
 from safetensors.torch import load_file, save_file
 
 from atom_core.errors import UnsupportedConfigError
@@ -87,6 +88,12 @@ def test_fp32_parity(gpt_oss_dir):
     layers = runner.model.model.layers
     assert [layer.self_attn.attn.sliding_window for layer in layers] == [16, None]
     assert layers[0].self_attn.sinks.abs().min() > 0 and layers[0].mlp.experts.w2_bias.abs().min() > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 runs on the GPU (as the other models' bf16 parity)")
+def test_bf16_cuda_parity(gpt_oss_dir):
+    """bf16 weights and activations: logits within twice transformers' own bf16 error (floor 0.1)."""
+    check_model(gpt_oss_dir, hf_model(gpt_oss_dir), device="cuda", dtype=torch.bfloat16, atol=BF16_LOGIT_ATOL)
 
 
 def test_mxfp4_experts_parity(gpt_oss_mxfp4):
