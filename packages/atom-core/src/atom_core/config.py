@@ -52,11 +52,6 @@ def _strict_dataclass_error() -> type[Exception]:
     return StrictDataclassError
 
 
-def read_architectures(model_dir: str | Path) -> list[str]:
-    data = json.loads((Path(model_dir) / "config.json").read_text())
-    return list(data.get("architectures") or [])
-
-
 def text_config(hf_config: Any) -> Any:
     """The language-model part of a (possibly multimodal) config."""
     getter = getattr(hf_config, "get_text_config", None)

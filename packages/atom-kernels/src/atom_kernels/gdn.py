@@ -47,11 +47,6 @@ def ssm_state_shape(layout: str, num_v_heads: int, head_k_dim: int, head_v_dim: 
     return (num_v_heads, head_v_dim, head_k_dim)
 
 
-def conv_state_shape(conv_dim: int, kernel_width: int) -> tuple[int, int]:
-    """Per-slot conv state shape: the last ``kernel_width - 1`` inputs of every channel."""
-    return (conv_dim, kernel_width - 1)
-
-
 def state_strides(state: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     """(slot, head, k, v) element strides of a pool in ``layout``."""
     if check_layout(layout) == K_MAJOR:
