@@ -84,11 +84,6 @@ def test_attention_location_by_version(version, module):
     assert compat.attention_module(version) == module
 
 
-def test_pp_protocol_drift():
-    assert compat.pp_needs_make_empty_intermediate_tensors("0.26.0")
-    assert compat.pp_needs_make_empty_intermediate_tensors("0.27.1")
-    assert not compat.pp_needs_make_empty_intermediate_tensors("0.28.0")
-    assert not compat.pp_needs_make_empty_intermediate_tensors("0.34.0")
 
 
 def _spec(name: str, *caps: str) -> catalog.ArchSpec:

