@@ -21,7 +21,7 @@ from conftest import hf_model
 from parity import BF16_LOGIT_ATOL, check_model
 from safetensors.torch import load_file, save_file
 
-from atom_core.errors import UnsupportedConfigError
+from atom_core.errors import CheckpointError, UnsupportedConfigError
 from atom_core.layers.moe import FusedMoE
 from atom_core.models.gpt_oss import per_expert_tensors
 from atom_kernels import formats
@@ -125,6 +125,11 @@ def test_stacked_experts_split_per_expert():
     assert torch.equal(got["m.experts.1.gate_proj.weight"], gate_up[1, :, 0::2].T)
     assert torch.equal(got["m.experts.1.up_proj.weight"], gate_up[1, :, 1::2].T)
     assert got["m.experts.0.down_proj.bias"].shape == (h,) and "m.norm.weight" in got
+
+
+def test_blocks_without_scales_are_named():
+    with pytest.raises(CheckpointError, match=r"\*_scales missing: m\.experts\.down_proj"):
+        list(per_expert_tensors([("m.experts.down_proj_blocks", torch.zeros(2, 4, 1, 16, dtype=torch.uint8))]))
 
 
 def test_other_swiglu_constants_are_refused(tiny):

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from atom_core.config import DecoderConfig, text_config
-from atom_core.errors import UnsupportedConfigError
+from atom_core.errors import CheckpointError, UnsupportedConfigError
 from atom_core.host import Host
 from atom_core.layers.moe import FusedMoE, Router, RouterConfig
 from atom_core.layers.params import materialize
@@ -88,7 +88,7 @@ def per_expert_tensors(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str
         else:  # bf16 weights are stored in x out: transpose to out x in
             yield from _split(module, proj, "weight", t.transpose(1, 2))
     if blocks:
-        raise ValueError(f"MXFP4 expert tensors without their blocks or scales: {', '.join(sorted(blocks))}")
+        raise CheckpointError(f"gpt-oss MXFP4 experts with *_blocks or *_scales missing: {', '.join(sorted(blocks))}")
 
 
 def _split(module: str, proj: str, suffix: str, t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
