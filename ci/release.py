@@ -317,12 +317,16 @@ def range_of(metadata: str, dependency: str) -> str:
     raise ReleaseError(f"no Requires-Dist on {dependency}")
 
 
-def plugin_checks(python: Path) -> None:
-    """The adapters' checks that need no vLLM or SGLang: versions, ranges, extras, registry plan (the host
-    sessions run the rest against their upstreams)."""
-    # test_generated_files_match_pins checks the source tree's generated files, not the installed package
-    run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", ROOT / "packages" / "atom-vllm" / "tests" / "test_versions.py",
-        ROOT / "packages" / "atom-sglang" / "tests" / "test_unit.py", "-m", "not sglang", "-k", "not generated_files",
+# The adapters' checks that need no vLLM or SGLang: versions, ranges, extras, registry plan (the host sessions run
+# the rest against their upstreams). atom-sglang's test_generated_files_match_pins checks the source tree, not the
+# installed package.
+PLUGIN_CHECKS = {"atom-vllm": ["atom-vllm/tests/test_versions.py"], "atom-sglang": ["atom-sglang/tests/test_unit.py"]}
+ADAPTERS = tuple(PLUGIN_CHECKS)
+
+
+def plugin_checks(python: Path, adapters: tuple[str, ...] | list[str] = ADAPTERS) -> None:
+    tests = [ROOT / "packages" / path for adapter in adapters for path in PLUGIN_CHECKS[adapter]]
+    run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, "-m", "not sglang", "-k", "not generated_files",
         env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})
 
 
@@ -337,20 +341,22 @@ def rehearse(work: Path) -> None:
         import_check(python, **{p: str(v) for p, v in released.items()})
         run(sys.executable, ROOT / "ci" / "check_wheels.py", *sorted(work.glob("atom-*/dist/*.whl")))
         plugin_checks(python)
-        for adapter in ("atom-vllm", "atom-sglang"):
-            spec = range_of(wheel_metadata(work / adapter / "dist"), "atom-core")
-            admitted = sorted(v for v in tags(ROOT, "atom-core") + [released["atom-core"]] if spec and v in Requirement(
-                f"atom-core{spec}").specifier)
-            if admitted[0] == released["atom-core"]:
-                print(f"{adapter}: the oldest atom-core in {spec} is the one just released ({admitted[0]})")
-                continue
-            oldest = admitted[0]
-            print(f"{adapter}: checking against the oldest atom-core in {spec}: {oldest} (tag atom-core-v{oldest})")
-            build_tag("atom-core", oldest, work / f"oldest-{adapter}", url)
-            uv_install(python, f"atom-core=={oldest}", index_url=url)
-            import_check(python, **{"atom-core": str(oldest), adapter: str(released[adapter])})
-            plugin_checks(python)
-            uv_install(python, f"atom-core=={released['atom-core']}", index_url=url)
+        oldest: dict[Version, list[str]] = {}  # atom-core's oldest release in a range -> the adapters of that range
+        for adapter in ADAPTERS:
+            spec = Requirement(f"atom-core{range_of(wheel_metadata(work / adapter / 'dist'), 'atom-core')}").specifier
+            admitted = sorted(v for v in [*tags(ROOT, "atom-core"), released["atom-core"]] if v in spec)
+            print(f"{adapter}: the oldest atom-core in {spec} is {admitted[0]}"
+                  + (" (the one just released)" if admitted[0] == released["atom-core"] else f" (tag atom-core-v{admitted[0]})"))
+            if admitted[0] != released["atom-core"]:
+                oldest.setdefault(admitted[0], []).append(adapter)
+        for version, adapters in sorted(oldest.items()):
+            build_tag("atom-core", version, work / f"atom-core-{version}", url)
+            if others := [a for a in ADAPTERS if a not in adapters]:
+                run(sys.executable, "-m", "uv", "pip", "uninstall", "-q", "--python", python, *others)
+            uv_install(python, f"atom-core=={version}", index_url=url)
+            import_check(python, **{"atom-core": str(version)}, **{a: str(released[a]) for a in adapters})
+            plugin_checks(python, adapters)
+            uv_install(python, f"atom-core=={released['atom-core']}", *ADAPTERS, index_url=url)
         major_bump_is_refused(python, released, url, work)
     print(f"release rehearsal passed in {time.monotonic() - started:.0f} s: {', '.join(f'{p} {v}' for p, v in released.items())}")
 
@@ -378,7 +384,7 @@ def major_bump_is_refused(python: Path, released: dict[str, Version], url: str, 
                            f" {refused.stdout.strip()}")
     print(f"install refused as it should be:\n{refused.stdout.strip()}")
     uv_install(python, "--no-deps", f"atom-core=={major}", index_url=url)
-    for adapter in ("atom-vllm", "atom-sglang"):
+    for adapter in ADAPTERS:
         failed = run(python, "-c", f"from {module(adapter)}.plugin import register; register()", check=False, quiet=True)
         line = f"{adapter} {released[adapter]} requires atom-core"
         if failed.returncode == 0 or line not in failed.stdout or f"but atom-core {major} is installed" not in failed.stdout:
