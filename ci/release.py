@@ -175,8 +175,11 @@ def fresh_venv(path: Path) -> Path:
     run(sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, path)
     python = path / "bin" / "python"
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    found = [w for folder in os.environ.get("PIP_FIND_LINKS", "").split()
-             for w in sorted(Path(folder).glob(f"torch-{version}+*-{tag}-*.whl"))]
+    links = os.environ.get("PIP_FIND_LINKS", "").split()
+    if not links:  # pip's configuration files
+        config = run(sys.executable, "-m", "pip", "config", "list", quiet=True, check=False).stdout
+        links = [w.strip("'\"") for line in config.splitlines() if ".find-links=" in line for w in line.split("=", 1)[1].split()]
+    found = [w for folder in links for w in sorted(Path(folder).glob(f"torch-{version}+*-{tag}-*.whl"))]
     if found:
         uv_install(python, str(found[0]))
     else:
