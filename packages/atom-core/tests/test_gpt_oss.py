@@ -137,3 +137,33 @@ def test_other_swiglu_constants_are_refused(tiny):
 
     with pytest.raises(UnsupportedConfigError, match="swiglu_limit = 5.0"):
         Runner(tiny(ARCH, swiglu_limit=5.0))
+
+
+@pytest.mark.parametrize("world,expert_parallel", [(2, False), (3, True)])
+def test_parallel_ranks_add_up(world, expert_parallel):
+    """Tensor parallelism (each rank: a slice of every expert's intermediate features and of the biases of
+    gate|up; the down bias added by rank 0 only) and expert parallelism: the ranks' outputs sum to one rank's."""
+    from types import SimpleNamespace
+
+    from atom_core.host import SingleRank
+    from atom_core.loader import load_weights
+    from atom_core.models.gpt_oss import GPT_OSS_MAPPER, GptOssMoE
+
+    experts, hidden, inter = 6, 64, 96
+    text = SimpleNamespace(num_local_experts=experts, num_experts_per_tok=4, intermediate_size=inter)
+    gen = torch.Generator().manual_seed(world)
+    tensors = {"experts.gate_up_proj": torch.randn(experts, hidden, 2 * inter, generator=gen) * 0.2,
+               "experts.gate_up_proj_bias": torch.randn(experts, 2 * inter, generator=gen),
+               "experts.down_proj": torch.randn(experts, inter, hidden, generator=gen) * 0.1,
+               "experts.down_proj_bias": torch.randn(experts, hidden, generator=gen),
+               "router.weight": torch.randn(experts, hidden, generator=gen), "router.bias": torch.randn(experts, generator=gen)}
+
+    def block(rank: int, size: int) -> GptOssMoE:
+        host = SimpleNamespace(tp=SingleRank(rank, size), quant=None, expert_parallel=expert_parallel)
+        moe = GptOssMoE(hidden, text, host=host, prefix="")
+        load_weights(moe, per_expert_tensors(tensors.items()), GPT_OSS_MAPPER)
+        return moe
+
+    x = torch.randn(11, hidden, generator=gen)
+    want = block(0, 1)(x)
+    torch.testing.assert_close(sum(block(rank, world)(x) for rank in range(world)), want, rtol=1e-5, atol=1e-5)
