@@ -15,6 +15,7 @@ own graph-visible flags in plain slots for the same reason).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -65,9 +66,33 @@ class SGLangAttention(nn.Module):
                 "SGLang wrapper's forward, which publishes it"
             )
         sinks = self._sinks[0]
-        kwargs = {} if sinks is None else {"sinks": sinks}
+        kwargs = {}
+        if sinks is not None:
+            check_takes_sinks(compat.attention_backend(), self.attn.layer_id)
+            kwargs["sinks"] = sinks
         out = self.attn(q, k, v, forward_batch, **kwargs)
         return out.reshape(q.shape[0], -1)
+
+
+_TAKES_SINKS: dict[type, bool] = {}
+
+
+def check_takes_sinks(backend: Any, layer_id: int) -> None:
+    """An :class:`UnsupportedConfigError` when SGLang's attention ``backend`` cannot apply attention sinks: its
+    ``forward_extend`` / ``forward_decode`` take no ``sinks`` argument (by name or ``**kwargs``), as SGLang's
+    torch-native backend (rather than failing inside it with a TypeError, or ignoring them)."""
+    kind = type(backend)
+    if kind not in _TAKES_SINKS:
+        def takes(fn: Any) -> bool:
+            params = inspect.signature(fn).parameters.values()
+            return any(p.name == "sinks" or p.kind is p.VAR_KEYWORD for p in params)
+
+        _TAKES_SINKS[kind] = all(takes(getattr(kind, name)) for name in ("forward_extend", "forward_decode"))
+    if not _TAKES_SINKS[kind]:
+        raise UnsupportedConfigError(
+            f"attention layer {layer_id} has attention sinks (gpt-oss), which SGLang's {kind.__name__} does not "
+            "apply: serve it with a backend that does (--attention-backend triton or fa3)"
+        )
 
 
 class SGLangHost:
