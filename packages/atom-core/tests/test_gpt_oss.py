@@ -167,3 +167,15 @@ def test_parallel_ranks_add_up(world, expert_parallel):
     x = torch.randn(11, hidden, generator=gen)
     want = block(0, 1)(x)
     torch.testing.assert_close(sum(block(rank, world)(x) for rank in range(world)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_vllms_spelling_of_the_scheme_parses():
+    """vLLM hands its models the config with ``quant_method: gpt_oss_mxfp4`` (its rename of ``mxfp4``)."""
+    from types import SimpleNamespace
+
+    from atom_core.quant import parse_quant_config
+    from atom_core.quant.mxfp4 import GptOssMxfp4Config
+
+    for method in ("mxfp4", "gpt_oss_mxfp4"):
+        config = SimpleNamespace(quantization_config={"quant_method": method, "modules_to_not_convert": NOT_CONVERTED})
+        assert isinstance(parse_quant_config(config), GptOssMxfp4Config)

@@ -173,9 +173,10 @@ class QuarkConfig(QuantConfig):
         return Mxfp4MoEMethod()
 
 
-@register_scheme("mxfp4")
+@register_scheme("mxfp4", "gpt_oss_mxfp4")
 class GptOssMxfp4Config(QuantConfig):
-    """gpt-oss: ``{"quant_method": "mxfp4", "modules_to_not_convert": [...]}``; MoE experts only."""
+    """gpt-oss: ``{"quant_method": "mxfp4", "modules_to_not_convert": [...]}``; MoE experts only.  (vLLM rewrites
+    such a config's ``quant_method`` to ``gpt_oss_mxfp4`` in the config it builds models with: the same scheme.)"""
 
     name = "mxfp4"
 
