@@ -116,3 +116,41 @@ def test_hybrid_models_refuse_settings_their_gdn_layers_cannot_serve(setting, cp
     }[setting]
     with override, pytest.raises(ValueError, match=match):
         load_with_sglang(tiny_checkpoints[hybrid[0]])
+
+
+BAD_CHECKPOINTS = {  # how to break a tiny checkpoint -> what ATOM's one-line error says
+    "int32 weight": "checkpoint tensor model.layers.0.mlp.down_proj.weight is int32, expected",
+    "truncated shard": "model.safetensors: not a readable safetensors file: truncated at byte",
+    "garbage header length": "model.safetensors: not a readable safetensors file: the header length at byte 0 says",
+}
+
+
+@pytest.mark.parametrize("case", BAD_CHECKPOINTS)
+def test_bad_checkpoint_fails_with_atoms_message(case, cpu_runtime, tiny_checkpoints, tmp_path):
+    """A checkpoint ATOM's loader refuses fails under SGLang's loader with ATOM's one-line CheckpointError naming
+    the tensor and the dtypes, or the file SGLang's own safetensors reader could not open, not a host traceback."""
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    from atom_core.errors import CheckpointError
+
+    model = Path(shutil.copytree(tiny_checkpoints["Qwen3ForCausalLM"], tmp_path / "bad"))
+    (shard,) = model.glob("*.safetensors")
+    data = shard.read_bytes()
+    if case == "int32 weight":
+        tensors = load_file(str(shard))
+        name = "model.layers.0.mlp.down_proj.weight"
+        tensors[name] = tensors[name].to(torch.int32)
+        save_file(tensors, str(shard), metadata={"format": "pt"})
+    elif case == "truncated shard":
+        shard.write_bytes(data[: len(data) // 2])
+    else:
+        shard.write_bytes((0x4141414141414141).to_bytes(8, "little") + data[8:])
+    with pytest.raises(CheckpointError) as raised:
+        load_with_sglang(str(model))
+    message = str(raised.value)
+    assert BAD_CHECKPOINTS[case] in message and "\n" not in message, message
+    if case != "int32 weight":
+        assert message.startswith(f"{shard}: "), message

@@ -59,6 +59,8 @@ class SGLangCausalLM(nn.Module):
         host = SGLangHost(quant=parse_quant_config(config))
         super().__init__(config, host, prefix)
         self.atom_host = host
+        # the checkpoint SGLang reads (its config comes from there): names a file its reader cannot open
+        self.checkpoint_dir = getattr(config, "_name_or_path", None) or None
         if host.linear_attention_states:  # hybrid: SGLang must plan its state pool for exactly these layers
             check_state_plan(config, host.linear_attention_states, name)
         self.logits_processor = compat.logits_processor_class()(text_config(config))
