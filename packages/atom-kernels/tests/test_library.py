@@ -2,6 +2,8 @@
 is one opaque node, the fake implementations agree with the real ones (torch.library.opcheck), and a compiled
 call returns what the eager call returns (in-place rotations included)."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -44,6 +46,18 @@ def test_every_op_with_a_traced_form_is_registered():
     assert set(TRACED) <= set(OPS)
     for name, traced in TRACED.items():
         assert OPS[name].traced is traced
+
+
+@pytest.mark.parametrize("name", sorted(TRACED))
+def test_traced_form_takes_every_argument_of_the_op(name):
+    """A model calls an op the same way eager and compiled: the traced form accepts every parameter of the op's
+    reference implementation (its public signature), with the same defaults; an argument the traced form lacks
+    would fail only inside a host's compile."""
+    traced = inspect.signature(TRACED[name]).parameters
+    reference, _ = OPS[name].implementation("reference")
+    for param in inspect.signature(reference).parameters.values():
+        assert param.name in traced, f"{name}: the traced form lacks the argument {param.name!r}"
+        assert traced[param.name].default == param.default, f"{name}: {param.name!r} defaults differ"
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -116,9 +130,13 @@ def _opcheck_cases(gen):
         "mrope": (ops.mrope, (mrope_positions, q.clone(), k.clone(), _cache(HEAD), HEAD, [4, 2, 2], True, None, None,
                               1e-6, 0.0)),
         "topk_routing": (ops.topk_routing, (logits, top_k, "softmax", True, None, 1, 1, 1.0)),
-        "fused_moe": (ops.fused_moe, (x_moe, w13, w2, weights, ids, None, None, None, None, None, None)),
+        "fused_moe": (ops.fused_moe, (x_moe, w13, w2, weights, ids, None, None, None, None, None, None, None, None,
+                                      "silu")),
+        "fused_moe_biased": (ops.fused_moe, (x_moe, w13, w2, weights, ids, None, None, None, None, None, None,
+                                             torch.randn(w13.shape[:2], generator=gen) * 0.1,
+                                             torch.randn(w2.shape[:2], generator=gen) * 0.1, "swigluoai")),
         "fused_moe_fp8": (ops.fused_moe, (x_fp8moe, w13_fp8, w2_fp8, weights4, ids4, None, "fp8-block", w13_s, w2_s,
-                                          [128, 128], torch.float8_e4m3fn)),
+                                          [128, 128], torch.float8_e4m3fn, None, None, "silu")),
         "quant_fp8": (ops.quant_fp8, (a, None, None)),
         "quant_fp8_groups": (ops.quant_fp8, (a, 128, None)),
         "fp8_scaled_mm": (ops.fp8_scaled_mm, (qa, sa, b_fp8, b_row, None, torch.float32)),
@@ -151,6 +169,8 @@ def test_traced_forms_equal_eager_calls(rng):
         lambda: rms_norm(norm_x, norm_w, 1e-6),
         lambda: rms_norm(norm_x, norm_w, 1e-6, norm_x * 0.5, 1.0)[0],
         lambda: fused_moe(x_moe, w13, w2, weights, ids, quant=quant),
+        lambda: fused_moe(*cases["fused_moe_biased"][1][:5], w13_bias=cases["fused_moe_biased"][1][11],
+                          w2_bias=cases["fused_moe_biased"][1][12], activation="swigluoai"),
         lambda: fp8_block_mm(qg, sg, b_fp8, b_block_scale, (128, 128), None, torch.float32),
         lambda: fp8_scaled_mm(qa, sa, b_fp8, b_row, None, torch.float32),
         lambda: mxfp4_mm(a, b_codes, b_mx_scale, None, layout="rows"),
