@@ -10,7 +10,10 @@ from torch import nn
 
 from atom_kernels import formats
 
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+           "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+# layers ATOM runs on their dequantized weight, unquantized activations: latent attention absorbs kv_b_proj
+WEIGHT_ONLY = ("kv_b_proj",)
 
 
 def read_tensors(model_dir) -> dict[str, torch.Tensor]:
@@ -62,7 +65,7 @@ def reference_with_quantized_weights(hf: nn.Module, quantized_dir: str, scheme: 
         if weight is None:
             continue
         module.weight.data = weight.to(module.weight.dtype)
-        if fake is not None:
+        if fake is not None and name.split(".")[-1] not in WEIGHT_ONLY:
             module.register_forward_pre_hook(lambda _m, args: (fake(args[0].float()).to(args[0].dtype),))
     return hf
 

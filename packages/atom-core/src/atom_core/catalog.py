@@ -19,6 +19,7 @@ TEXT = "text-generation"
 HYBRID = "hybrid-linear-attention"  # per-sequence recurrent state (Gated DeltaNet) besides the KV cache
 MULTIMODAL = "multimodal"  # takes images (and videos) besides text
 MROPE = "mrope"  # positions are [3, T] (time, height, width), computed by the model from the prompt
+MLA = "latent-attention"  # multi-head latent attention: the KV cache holds one latent per token (DeepSeek-V3)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,17 @@ _TINY_QWEN_VL_IMAGES = {
 
 # Tiny mixture-of-experts decoders: 8 experts of 96 intermediate features, top-2/4.
 _TINY_MOE = dict(_TINY_DENSE, tie_word_embeddings=False)
+
+# A tiny DeepSeek-V3: latent attention with a q LoRA and YaRN (mscale folded into the softmax scale), layers
+# 0-1 dense, layer 2 sparse: sigmoid routing over 4 groups of 4 experts (2 groups kept), one shared expert.
+_TINY_DEEPSEEK_V3 = dict(
+    _TINY_MOE, num_hidden_layers=3, first_k_dense_replace=2, num_key_value_heads=4, q_lora_rank=96, kv_lora_rank=64,
+    qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=48, head_dim=16, n_routed_experts=16, num_experts_per_tok=4,
+    moe_intermediate_size=64, n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+    norm_topk_prob=True, rope_interleave=True,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+)
 
 # A tiny hybrid: Gated DeltaNet layers 0 and 2 (HV = 2H), gated full attention 1 and 3 (partial rotary);
 # sparse MoE with a shared expert except layer 2's dense MLP.
@@ -165,6 +177,11 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             tiny=dict(_TINY_MOE, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=96,
                       n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
                       first_k_dense_replace=1, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5),
+        ),
+        ArchSpec(
+            "DeepseekV3ForCausalLM", "atom_core.models.deepseek_v3:DeepseekV3ForCausalLM", "deepseek_v3",
+            "transformers:DeepseekV3ForCausalLM", "deepseek_v3", capabilities=frozenset({TEXT, MLA}),
+            quant_formats=("fp8",), tiny=_TINY_DEEPSEEK_V3,
         ),
         ArchSpec(
             "GptOssForCausalLM", "atom_core.models.gpt_oss:GptOssForCausalLM", "gpt_oss",

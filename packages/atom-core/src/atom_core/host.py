@@ -83,13 +83,21 @@ class Host(Protocol):
         *,
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
-        mla: Any = None,
+        mla: LatentAttentionSpec | None = None,
     ) -> nn.Module:
         """A module with ``forward(q, k, v) -> out`` over this step's tokens.
 
         ``q``: ``[T, num_heads * head_dim]``, ``k``/``v``: ``[T, num_kv_heads * head_dim]`` (this rank's
         heads); ``out``: ``[T, num_heads * head_dim]``.  ``sliding_window`` follows transformers: key j is
         visible to query i when ``0 <= i - j < sliding_window``.
+
+        With ``mla`` (a :class:`LatentAttentionSpec`) the layer is multi-head latent attention: ``head_dim``
+        is the query/key head size ``qk_nope_head_dim + qk_rope_head_dim``, ``num_kv_heads`` is 1 and the
+        module's ``forward(q, kv_c, k_pe)`` takes ``q`` ``[T, num_heads * head_dim]`` (rotary already applied
+        to each head's last ``qk_rope_head_dim``), the normalised latent ``kv_c`` ``[T, kv_lora_rank]`` and the
+        shared rotated key ``k_pe`` ``[T, qk_rope_head_dim]``; ``out`` is ``[T, num_heads * v_head_dim]``.
+        The host caches ``kv_c | k_pe`` per token and owns how ``mla.kv_b_proj`` is applied (expanded
+        keys/values, or absorbed into the query and output).
         """
         ...
 
@@ -110,6 +118,24 @@ class Host(Protocol):
         :class:`LinearAttentionState` whose ``step()`` the layer calls in every forward.
         """
         ...
+
+
+@dataclass(frozen=True, eq=False)
+class LatentAttentionSpec:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2).  Per token the cache holds the latent
+    ``kv_c`` (``kv_lora_rank``) and one rotated key ``k_pe`` (``qk_rope_head_dim``) shared by all heads;
+    ``kv_b_proj`` (``kv_lora_rank -> heads * (qk_nope_head_dim + v_head_dim)``, this rank's heads, rows of
+    each head: its no-rope key, then its value) expands the latent:
+
+        k_h = [kv_c W_UK,hᵀ | k_pe]      v_h = kv_c W_UV,hᵀ
+        score = q_h · k_h · scale  =  (q_nope,h W_UK,h) · kv_c + q_pe,h · k_pe      (the absorbed form)
+    """
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    kv_b_proj: nn.Module
 
 
 # --------------------------------------------------------------------------- linear-attention state

@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 
 from atom_core import catalog
-from atom_core.catalog import HYBRID, MROPE, MULTIMODAL, TEXT
+from atom_core.catalog import HYBRID, MLA, MROPE, MULTIMODAL, TEXT
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,12 @@ EXTENSIONS: dict[str, Extension] = {
         "get_image_feature -> the ATOM model's embed_multimodal, general_mm_embed_routine merging the image "
         "embeddings (and deepstack features, as a dense Deepstack) before the language model; no videos",
         mixin="atom_sglang.multimodal:SGLangMultimodal",
+    ),
+    MLA: Extension(
+        "SGLangHost.attention(mla=...): a RadixAttention over the latent cache (one kv head of kv_lora_rank + "
+        "qk_rope_head_dim, v_head_dim kv_lora_rank) with W_UK absorbed into the query and W_UV after it, and SGLang "
+        "sizing its MLA KV pool from the config (it must see use_mla for the architecture)",
+        implemented=False,
     ),
     "pipeline-parallel": Extension(
         "models built for a [start_layer, end_layer) slice with start_layer/end_layer attributes, PPProxyTensors "

@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass
 
 from atom_core import catalog
-from atom_core.catalog import HYBRID, MROPE, MULTIMODAL, TEXT
+from atom_core.catalog import HYBRID, MLA, MROPE, MULTIMODAL, TEXT
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,12 @@ EXTENSIONS: dict[str, Extension] = {
         "of the architecture registered on the wrapper",
         bases=(f"{INTERFACES}:SupportsMultiModal",), flags=("supports_multimodal",),
         mixin="atom_vllm.multimodal:MultimodalModel",
+    ),
+    MLA: Extension(
+        "VllmHost.attention(mla=...): vLLM's MLA attention layer over its latent KV cache (kv_c_normed, k_pe; "
+        "kv_b_proj handed to the layer, which absorbs it for decode), and vLLM sizing that cache from the "
+        "config (its is_deepseek_mla model_type check)",
+        implemented=False,
     ),
     MROPE: Extension(
         "SupportsMRoPE: get_mrope_input_positions(input_tokens, mm_features) -> (positions [3, T], delta) "

@@ -159,11 +159,16 @@ def check_finite(params: dict[str, nn.Parameter], names: Iterable[str]) -> None:
 
 
 def process_after_loading(model: nn.Module) -> None:
-    """Let each layer's quantization method convert its loaded tensors."""
+    """Let each layer's quantization method convert its loaded tensors, then the modules that derive
+    tensors of their own from loaded layers (latent attention's absorbed ``kv_b_proj``) make them."""
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None:
             method.process_weights_after_loading(module)
+    for module in model.modules():
+        finish = getattr(module, "finish_loading", None)
+        if callable(finish):
+            finish()
 
 
 def _listing(names: list[str], limit: int = 20) -> str:

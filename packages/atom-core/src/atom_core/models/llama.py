@@ -36,6 +36,7 @@ class AttentionOptions:
     o_bias: bool
     qk_norm: bool = False
     sinks: bool = False  # one learned "sink" logit per head joins each softmax (gpt-oss)
+    latent: Any = None  # multi-head latent attention's dimensions (DeepSeek-V3: models.deepseek_v3.LatentDims)
 
 
 class GatedMLP(nn.Module):
@@ -150,6 +151,7 @@ TIED_DENSE_MAPPER = dataclasses.replace(DENSE_MAPPER, ignored=(r"^lm_head\.weigh
 
 class LlamaForCausalLM(CausalLM):
     weight_mapper = DENSE_MAPPER
+    decoder_model_class: type[DecoderModel] = DecoderModel  # a family with its own layers subclasses the model
 
     def attention_options(self, cfg: Any) -> AttentionOptions:
         bias = bool(getattr(cfg, "attention_bias", False))
@@ -164,7 +166,7 @@ class LlamaForCausalLM(CausalLM):
         self.config = hf_config
         cfg = DecoderConfig.from_hf(hf_config)
         self.decoder_config = cfg
-        self.model = DecoderModel(
+        self.model = self.decoder_model_class(
             cfg, self.attention_options(hf_config), host=host, prefix=_join(prefix, "model"),
             build_mlp=lambda layer_id, mlp_prefix: self.build_mlp(hf_config, cfg, layer_id, host=host, prefix=mlp_prefix),
         )

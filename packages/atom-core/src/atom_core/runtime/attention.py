@@ -23,6 +23,7 @@ class PagedAttention(nn.Module):
         self.scale = scale
         self.sliding_window = sliding_window
         self.sinks = sinks
+        self.kv_shapes = ((num_kv_heads, head_dim), (num_kv_heads, head_dim))  # K and V cache, per slot
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         host = self._host[0]

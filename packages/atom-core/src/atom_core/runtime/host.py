@@ -12,6 +12,7 @@ from atom_core.host import SingleRank, TensorParallel
 from atom_core.runtime.attention import PagedAttention
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.kv_cache import KVCache
+from atom_core.runtime.latent_attention import LatentAttention
 from atom_core.runtime.state_pool import NativeLinearAttentionState, StatePool, StateSpec
 from atom_kernels.gdn import K_MAJOR
 
@@ -24,14 +25,18 @@ class NativeHost:
         self.quant = quant
         self.context: StepContext | None = None
         self.kv_cache: KVCache | None = None
-        self.attention_layers: list[PagedAttention] = []
+        self.attention_layers: list[PagedAttention | LatentAttention] = []
         self.state_specs: list[StateSpec] = []
         self.state_pool: StatePool | None = None
 
     def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
         if mla is not None:
-            raise UnsupportedConfigError(f"{prefix}: the native host has no MLA attention")
+            if sliding_window is not None or sinks is not None:
+                raise UnsupportedConfigError(f"{prefix}: latent attention with a sliding window or sinks")
+            layer = LatentAttention(self, len(self.attention_layers), num_heads, scale, mla)
+            self.attention_layers.append(layer)
+            return layer
         layer = PagedAttention(self, len(self.attention_layers), num_heads, num_kv_heads, head_dim, scale,
                                sliding_window, sinks)
         self.attention_layers.append(layer)
@@ -49,6 +54,6 @@ class NativeHost:
         return self.state_pool
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> KVCache:
-        shapes = [(layer.num_kv_heads, layer.head_dim) for layer in self.attention_layers]
+        shapes = [layer.kv_shapes for layer in self.attention_layers]
         self.kv_cache = KVCache(shapes, num_blocks, block_size, dtype, device)
         return self.kv_cache

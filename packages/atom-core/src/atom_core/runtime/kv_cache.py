@@ -45,17 +45,16 @@ class SequenceSlots:
 
 
 class KVCache:
-    """Per attention layer, K and V of shape ``[num_blocks * block_size, num_kv_heads, head_dim]``."""
+    """Per attention layer, K and V of shape ``[num_blocks * block_size, *shape]``, their ``(k, v)`` shapes
+    as the layer declares them (``(heads, head_dim)`` each; latent attention caches one latent as K)."""
 
-    def __init__(self, layer_shapes: list[tuple[int, int]], num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(self, layer_shapes: list[tuple[tuple[int, ...], tuple[int, ...]]], num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device):
         self.block_size = block_size
         self.num_blocks = num_blocks
+        slots = num_blocks * block_size
         self.layers = [
-            (
-                torch.zeros(num_blocks * block_size, kv_heads, head_dim, dtype=dtype, device=device),
-                torch.zeros(num_blocks * block_size, kv_heads, head_dim, dtype=dtype, device=device),
-            )
-            for kv_heads, head_dim in layer_shapes
+            (torch.zeros(slots, *k_shape, dtype=dtype, device=device), torch.zeros(slots, *v_shape, dtype=dtype, device=device))
+            for k_shape, v_shape in layer_shapes
         ]
         self.allocator = BlockAllocator(num_blocks)
