@@ -181,7 +181,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         ArchSpec(
             "DeepseekV3ForCausalLM", "atom_core.models.deepseek_v3:DeepseekV3ForCausalLM", "deepseek_v3",
             "transformers:DeepseekV3ForCausalLM", "deepseek_v3", capabilities=frozenset({TEXT, MLA}),
-            quant_formats=("fp8",), tiny=_TINY_DEEPSEEK_V3,
+            quant_formats=("fp8-block", "quark-mxfp4"), tiny=_TINY_DEEPSEEK_V3,
         ),
         ArchSpec(
             "GptOssForCausalLM", "atom_core.models.gpt_oss:GptOssForCausalLM", "gpt_oss",
