@@ -21,6 +21,7 @@ from atom_kernels import (
     fp8_block_mm,
     fp8_scaled_mm,
     fused_moe,
+    mla_decode,
     mrope,
     mxfp4_mm,
     quant_fp8,
@@ -360,3 +361,25 @@ def test_rms_norm_gated_host_size(tokens):
     w = cuda_randn(128, dtype=BF16, seed=2)
     assert_close(rms_norm_gated.call_backend("triton", x, z, w, 1e-6),
                  rms_norm_gated.call_backend("reference", x, z, w, 1e-6), BF16)
+
+
+# ------------------------------------------------------------------------------------ attention decode
+@pytest.mark.parametrize("heads", [16, 128])
+def test_mla_decode_host_size(heads):
+    """DeepSeek-V3's latent decode at vLLM's max_num_seqs (256 rows) with ragged contexts up to 8k, 48 padding rows,
+    page 64 with scattered blocks and -1 past each sequence: grid axis 0 holds 256 x head groups programs."""
+    batch, page, dim, latent = 256, 64, 576, 512
+    lens = torch.randint(1, 8192, (batch,), generator=gen(0))
+    lens[-48:] = 0
+    pages = (lens + page - 1) // page
+    num_blocks = int(pages.sum()) + 16
+    ids = torch.randperm(num_blocks, generator=gen(1)).split([*pages.tolist(), 16])  # 16 blocks nobody owns
+    table = torch.full((batch, 8192 // page), -1, dtype=torch.int32)
+    for b, blocks in enumerate(ids[:batch]):
+        table[b, : len(blocks)] = blocks.int()
+    q = cuda_randn(batch, heads, dim, dtype=BF16)
+    cache = cuda_randn(num_blocks, page, dim, dtype=BF16, seed=1)
+    args = (q, cache, table.to(DEV), lens.int().to(DEV), (128 + 64) ** -0.5, latent)
+    out = mla_decode.call_backend("triton", *args)
+    assert (out[-48:] == 0).all()
+    assert_close(out, mla_decode.call_backend("reference", *args), BF16)

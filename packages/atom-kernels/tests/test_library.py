@@ -13,6 +13,7 @@ from atom_kernels import (
     fp8_block_mm,
     fp8_scaled_mm,
     fused_moe,
+    mla_decode,
     mrope,
     mxfp4_mm,
     quant_fp8,
@@ -124,6 +125,10 @@ def _opcheck_cases(gen):
     b_row = torch.rand(96, 1, generator=gen) + 0.01
     ops = torch.ops.atom
     mrope_positions = torch.stack([positions, positions + 1, positions + 2])
+    latent_cache = torch.randn(6, 4, 40, generator=gen)  # 6 blocks of 4 tokens, kv_lora_rank 32 + rope 8
+    block_table = torch.tensor([[3, 0, 5, -1], [1, -1, -1, -1], [-1, -1, -1, -1]], dtype=torch.int32)
+    mla_args = (torch.randn(3, HEADS, 40, generator=gen), latent_cache, block_table,
+                torch.tensor([11, 2, 0], dtype=torch.int32), 40**-0.5, 32)
     return {
         "silu_and_mul": (ops.silu_and_mul, (x,)),
         "rotary_embedding": (ops.rotary_embedding, (positions, q.clone(), k.clone(), _cache(HEAD), HEAD, True)),
@@ -142,6 +147,7 @@ def _opcheck_cases(gen):
         "fp8_scaled_mm": (ops.fp8_scaled_mm, (qa, sa, b_fp8, b_row, None, torch.float32)),
         "fp8_block_mm": (ops.fp8_block_mm, (qg, sg, b_fp8, b_block_scale, [128, 128], None, torch.float32)),
         "mxfp4_mm": (ops.mxfp4_mm, (a, b_codes, b_mx_scale, None, "rows", False)),
+        "mla_decode": (ops.mla_decode, mla_args),
     }
 
 
@@ -175,6 +181,7 @@ def test_traced_forms_equal_eager_calls(rng):
         lambda: fp8_scaled_mm(qa, sa, b_fp8, b_row, None, torch.float32),
         lambda: mxfp4_mm(a, b_codes, b_mx_scale, None, layout="rows"),
         lambda: quant_fp8(a, 128)[1],
+        lambda: mla_decode(*cases["mla_decode"][1]),
     ]
     for call in calls:
         torch.testing.assert_close(torch.compile(call, backend="aot_eager", fullgraph=True)(), call())

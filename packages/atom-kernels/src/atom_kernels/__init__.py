@@ -10,6 +10,7 @@ from atom_kernels.ops.fp8_block_mm import fp8_block_mm
 from atom_kernels.ops.fp8_scaled_mm import fp8_scaled_mm
 from atom_kernels.ops.fused_moe import ExpertQuant, MoeKernelConfig, fused_moe
 from atom_kernels.ops.fused_recurrent_gated_delta_rule import fused_recurrent_gated_delta_rule
+from atom_kernels.ops.mla_decode import mla_decode
 from atom_kernels.ops.moe_align import moe_align_block_size
 from atom_kernels.ops.mrope import mrope
 from atom_kernels.ops.mxfp4_mm import mxfp4_mm
@@ -24,7 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "OPS", "ExpertQuant", "MoeKernelConfig", "describe", "causal_conv1d", "causal_conv1d_update", "chunk_gated_delta_rule",
-    "fp8_block_mm", "fp8_scaled_mm", "fused_moe", "fused_recurrent_gated_delta_rule", "moe_align_block_size", "mrope",
-    "mxfp4_mm", "quant_fp8", "rms_norm", "rms_norm_gated", "rotary_embedding", "silu_and_mul", "topk_routing",
+    "fp8_block_mm", "fp8_scaled_mm", "fused_moe", "fused_recurrent_gated_delta_rule", "mla_decode", "moe_align_block_size",
+    "mrope", "mxfp4_mm", "quant_fp8", "rms_norm", "rms_norm_gated", "rotary_embedding", "silu_and_mul", "topk_routing",
     "__version__",
 ]

@@ -215,6 +215,21 @@ def _mxfp4_mm_traced(x, w, w_scale, bias=None, layout="rows", static_weights=Fal
     return _mxfp4_mm(x, w, w_scale, bias, layout, static_weights)
 
 
+# ---- attention ---------------------------------------------------------------------------------------------
+def _mla_decode_fake(q: Tensor, cache: Tensor, block_table: Tensor, seq_lens: Tensor, scale: float,
+                     kv_lora_rank: int) -> Tensor:
+    return q.new_empty((q.shape[0], q.shape[1], kv_lora_rank))
+
+
+_mla_decode = define("mla_decode", _mla_decode_fake,
+                     lambda q, cache, block_table, seq_lens, scale, kv_lora_rank:
+                     _eager("mla_decode")(q, cache, block_table, seq_lens, scale, kv_lora_rank))
+
+
+def _mla_decode_traced(q, cache, block_table, seq_lens, scale, kv_lora_rank):
+    return _mla_decode(q, cache, block_table, seq_lens, scale, kv_lora_rank)
+
+
 # op name -> its traced form
 TRACED: dict[str, Callable] = {
     "rms_norm": _rms_norm_traced,
@@ -227,6 +242,7 @@ TRACED: dict[str, Callable] = {
     "fp8_scaled_mm": _fp8_scaled_mm_traced,
     "fp8_block_mm": _fp8_block_mm_traced,
     "mxfp4_mm": _mxfp4_mm_traced,
+    "mla_decode": _mla_decode_traced,
 }
 
 for _name, _traced in TRACED.items():

@@ -24,6 +24,7 @@ class StepContext:
     _masks: dict[int | None, torch.Tensor] = field(default_factory=dict, repr=False)
     _token_index: torch.Tensor | None = field(default=None, repr=False)
     _linear: dict | None = field(default=None, repr=False)
+    _paged: tuple[int, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -41,6 +42,18 @@ class StepContext:
                 [b * width + torch.arange(n) for b, n in enumerate(self.query_lens)]
             ).to(self.slot_mapping.device)
         return self._token_index
+
+    def paged(self, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(block_table [B, ceil(max_seq_len / block_size)] int32, seq_lens [B] int32)`` for paged kernels.
+
+        Block j of sequence b holds its tokens ``[j * block_size, (j + 1) * block_size)``, so its id is the slot of
+        token ``j * block_size`` divided by the block size (entries past a sequence's length are block 0: the
+        slot table pads with slot 0, and kernels never read them)."""
+        if self._paged is None or self._paged[0] != block_size:
+            table = torch.div(self.slot_table[:, ::block_size], block_size, rounding_mode="floor").to(torch.int32)
+            lens = torch.tensor(self.seq_lens, dtype=torch.int32, device=self.slot_mapping.device)
+            self._paged = (block_size, table.contiguous(), lens)
+        return self._paged[1], self._paged[2]
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         """``[B, 1, max_query_len, max_seq_len]`` bool: key j visible to query i of sequence b."""

@@ -7,6 +7,8 @@ and ``W_UV`` after the softmax, so attention runs over the latent itself:
 
     expanded:  o_h = softmax(q_h · [c W_UK,hᵀ | k_pe]ᵀ · s) (c W_UV,hᵀ)
     absorbed:  o_h = (softmax([q_nope,h W_UK,h | q_pe,h] · [c | k_pe]ᵀ · s) c) W_UV,hᵀ
+
+The absorbed attention is ``atom_kernels.mla_decode``, which reads the paged cache in place.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import nn
 
 from atom_core.host import LatentAttentionSpec
 from atom_core.quant.base import UnquantizedLinearMethod
+from atom_kernels import mla_decode
 
 if TYPE_CHECKING:
     from atom_core.runtime.host import NativeHost
@@ -80,18 +83,20 @@ class LatentAttention(nn.Module):
         q_pad = q.new_zeros(batch * width, heads, self.nope_dim + self.rope_dim)
         q_pad[ctx.token_index()] = q.view(num_tokens, heads, -1)
         q_pad = q_pad.view(batch, width, heads, -1).transpose(1, 2)  # [B, H, W, nope + rope]
-        context = cache[ctx.slot_table][:, :, 0].to(q.dtype)  # [B, S, kv_lora_rank + rope]
-        c, pe = context.split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        mask = ctx.mask(None)
         q_nope, q_pe = q_pad.split([self.nope_dim, self.rope_dim], dim=-1)
         if width == 1:
-            q_latent = torch.einsum("bhwn,hnl->bhwl", q_nope, self.w_uk.to(q.dtype))
-            out_latent = F.scaled_dot_product_attention(
-                torch.cat([q_latent, q_pe], dim=-1), context[:, None], c[:, None], attn_mask=mask, scale=self.scale,
-                enable_gqa=True,
-            )
-            out = torch.einsum("bhwl,hvl->bwhv", out_latent, self.w_uv.to(q.dtype))
+            # absorbed: attention over the cached latents themselves, read in place through the block table
+            q_latent = torch.einsum("bhn,hnl->bhl", q_nope[:, :, 0], self.w_uk.to(q.dtype))
+            q_abs = torch.cat([q_latent, q_pe[:, :, 0]], dim=-1)  # [B, H, kv_lora_rank + rope]
+            block_size = host.kv_cache.block_size
+            block_table, seq_lens = ctx.paged(block_size)
+            out_latent = mla_decode(q_abs, cache.view(-1, block_size, cache.shape[-1]), block_table, seq_lens,
+                                    self.scale, self.kv_lora_rank)
+            out = torch.einsum("bhl,hvl->bhv", out_latent, self.w_uv.to(q.dtype))[:, None]
         else:
+            context = cache[ctx.slot_table][:, :, 0].to(q.dtype)  # [B, S, kv_lora_rank + rope]
+            c, pe = context.split([self.kv_lora_rank, self.rope_dim], dim=-1)
+            mask = ctx.mask(None)
             k_nope = torch.einsum("bsl,hnl->bhsn", c, self.w_uk.to(q.dtype))
             keys = torch.cat([k_nope, pe[:, None].expand(-1, heads, -1, -1)], dim=-1)
             values = torch.einsum("bsl,hvl->bhsv", c, self.w_uv.to(q.dtype))

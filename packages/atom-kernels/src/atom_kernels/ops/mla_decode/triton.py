@@ -1,0 +1,204 @@
+"""Triton MLA decode: split-K flash decoding over the paged latent cache, then a reduce.
+
+Stage 1, program ``(b * head_groups + g, split)``: heads ``[g*BLOCK_H, (g+1)*BLOCK_H)`` of sequence b against
+its context tokens ``[split * per_split, (split + 1) * per_split)``, with ``per_split = ceil(seq_len / splits)``
+rounded up to BLOCK_N (read from the device, so the launch never syncs).  Each step loads BLOCK_N cache rows
+through the block table, scores them against the heads' ``[latent | rope]`` queries, and folds them into an
+online softmax; the latent rows serve as both keys and values, so the cache is read once per head group.
+The program writes its normalised partial output and log-sum-exp (base 2); a split with no tokens writes
+lse = -inf.  Stage 2, program ``(b * H + h)``: the lse-weighted sum of the splits' partials.  With one split,
+stage 1 writes the output directly.
+
+The split count depends on shapes only (batch, head groups, the block table's width) so a CUDA graph
+captured for a batch size replays for any lengths.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.ops._triton_common import LOG2E, dot_dtype, dot_precision, use_while
+from atom_kernels.ops.mla_decode.reference import check_mla_args
+
+MAX_LATENT = 1024  # kv_lora_rank is padded to a power of two in registers (DeepSeek: 512)
+MAX_SPLITS = 64
+MIN_SPLIT_TOKENS = 256  # fewer context tokens per split would cost more in the reduce than they save
+
+
+@dataclass(frozen=True)
+class Config:
+    block_h: int = 16  # heads per program (tl.dot needs >= 16 rows on the GPU)
+    block_n: int = 32  # context tokens per step
+    num_warps: int = 4
+    num_stages: int = 2
+    splits: int | None = None  # None: from the shapes (see num_splits)
+
+
+DEFAULT = Config()
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_splits(batch: int, head_groups: int, max_context: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU twice over, each with at least MIN_SPLIT_TOKENS of the longest context
+    the block table can hold."""
+    sms = _multiprocessors(device.index or 0) if device.type == "cuda" else 132
+    wanted = triton.cdiv(2 * sms, max(1, batch * head_groups))
+    return max(1, min(MAX_SPLITS, wanted, triton.cdiv(max_context, MIN_SPLIT_TOKENS)))
+
+
+def unsupported(q, cache, block_table, seq_lens, scale, kv_lora_rank) -> str | None:
+    if kv_lora_rank > MAX_LATENT:
+        return f"kv_lora_rank {kv_lora_rank} > {MAX_LATENT}"
+    if q.stride(-1) != 1 or cache.stride(-1) != 1:
+        return "q and cache need a contiguous last dim"
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or cache.dtype not in (
+            torch.float32, torch.bfloat16, torch.float16):
+        return f"q {q.dtype} / cache {cache.dtype}: float caches only"
+    return None
+
+
+@triton.jit
+def _step(n0, m, l, acc, q_lat, q_pe, cache_ptr, bt_row_ptr, end, cols_l, cols_r, l_ok, r_ok, sc_blk, sc_tok,
+          scale_log2, L: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr,
+          PREC: tl.constexpr):
+    """Fold context tokens ``[n0, n0 + BLOCK_N) ∩ [.., end)`` into the online softmax ``(m, l, acc)``."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    ok = pos < end
+    block = tl.load(bt_row_ptr + pos // PAGE, mask=ok, other=0).to(tl.int64)
+    row = cache_ptr + block * sc_blk + (pos % PAGE).to(tl.int64) * sc_tok
+    kv = tl.load(row[:, None] + cols_l[None, :], mask=ok[:, None] & l_ok[None, :], other=0.0).to(DOT)
+    pe = tl.load(row[:, None] + L + cols_r[None, :], mask=ok[:, None] & r_ok[None, :], other=0.0).to(DOT)
+    s = tl.dot(q_lat, tl.trans(kv), input_precision=PREC) + tl.dot(q_pe, tl.trans(pe), input_precision=PREC)
+    s = tl.where(ok[None, :], s * scale_log2, float("-inf"))  # [BLOCK_H, BLOCK_N], base-2 logits
+    m_new = tl.maximum(m, tl.max(s, 1))  # finite: every step has at least one token
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT), kv, input_precision=PREC)
+    return m_new, l, acc
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, cache_ptr, bt_ptr, lens_ptr, o_ptr, lse_ptr,
+    sq_b, sq_h, sc_blk, sc_tok, sbt_b, so_b, so_h, so_s, slse_b, slse_h,
+    H, scale_log2,
+    L: tl.constexpr, R: tl.constexpr, BL: tl.constexpr, BR: tl.constexpr, PAGE: tl.constexpr,
+    HEAD_GROUPS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, USE_WHILE: tl.constexpr, STAGES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = (pid // HEAD_GROUPS).to(tl.int64)
+    heads = (pid % HEAD_GROUPS) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(1)
+    h_ok = heads < H
+    cols_l = tl.arange(0, BL)
+    cols_r = tl.arange(0, BR)
+    l_ok = cols_l < L
+    r_ok = cols_r < R
+
+    seq_len = tl.load(lens_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(seq_len, SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    q_row = q_ptr + b * sq_b + heads[:, None] * sq_h
+    q_lat = tl.load(q_row + cols_l[None, :], mask=h_ok[:, None] & l_ok[None, :], other=0.0).to(DOT)
+    q_pe = tl.load(q_row + L + cols_r[None, :], mask=h_ok[:, None] & r_ok[None, :], other=0.0).to(DOT)
+    bt_row_ptr = bt_ptr + b * sbt_b
+
+    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BL], dtype=tl.float32)
+    if USE_WHILE:  # the CPU interpreter (see _triton_common)
+        n0 = start
+        while n0 < end:
+            m, l, acc = _step(n0, m, l, acc, q_lat, q_pe, cache_ptr, bt_row_ptr, end, cols_l, cols_r, l_ok, r_ok,
+                              sc_blk, sc_tok, scale_log2, L, PAGE, BLOCK_N, DOT, PREC)
+            n0 += BLOCK_N
+    else:
+        for n0 in tl.range(start, end, BLOCK_N, num_stages=STAGES):
+            m, l, acc = _step(n0, m, l, acc, q_lat, q_pe, cache_ptr, bt_row_ptr, end, cols_l, cols_r, l_ok, r_ok,
+                              sc_blk, sc_tok, scale_log2, L, PAGE, BLOCK_N, DOT, PREC)
+
+    # an empty split (or a padding row) has l = 0 and acc = 0: its output is zeros and its lse -inf
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    o_tile = o_ptr + b * so_b + heads[:, None] * so_h + split * so_s + cols_l[None, :]
+    tl.store(o_tile, out.to(o_ptr.dtype.element_ty), mask=h_ok[:, None] & l_ok[None, :])
+    if not DIRECT:
+        lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
+        tl.store(lse_ptr + b * slse_b + heads * slse_h + split, lse, mask=h_ok)
+
+
+@triton.jit
+def _reduce_kernel(
+    o_part_ptr, lse_ptr, out_ptr, sp_b, sp_h, sp_s, slse_b, slse_h, so_b, so_h,
+    H, L: tl.constexpr, BL: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = (pid // H).to(tl.int64)
+    h = pid % H
+    cols = tl.arange(0, BL)
+    col_ok = cols < L
+    splits = tl.arange(0, SPLITS_P2)
+    lse = tl.load(lse_ptr + b * slse_b + h * slse_h + splits, mask=splits < SPLITS, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # a padding row: every split empty, every weight 0
+    total = tl.sum(tl.exp2(lse - top), 0)
+    acc = tl.zeros([BL], dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        lse_s = tl.load(lse_ptr + b * slse_b + h * slse_h + s)
+        part = tl.load(o_part_ptr + b * sp_b + h * sp_h + s * sp_s + cols, mask=col_ok, other=0.0)  # 0 if empty
+        acc += tl.exp2(lse_s - top) * part
+    out = acc / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b * so_b + h * so_h + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+def mla_decode(q, cache, block_table, seq_lens, scale, kv_lora_rank, config: Config | None = None):
+    check_mla_args(q, cache, block_table, seq_lens, kv_lora_rank)
+    cfg = config or DEFAULT
+    batch, heads, dim = q.shape
+    latent, rope = kv_lora_rank, dim - kv_lora_rank
+    out = torch.empty(batch, heads, latent, dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    head_groups = triton.cdiv(heads, cfg.block_h)
+    page = cache.shape[1]
+    splits = cfg.splits or num_splits(batch, head_groups, block_table.shape[1] * page, q.device)
+    direct = splits == 1
+    if direct:
+        o_part, lse = out, out  # lse is not written with one split
+        so_b, so_h, so_s, slse_b, slse_h = out.stride(0), out.stride(1), 0, 0, 0
+    else:
+        o_part = torch.empty(batch, heads, splits, latent, dtype=torch.float32, device=q.device)
+        lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
+        so_b, so_h, so_s = o_part.stride(0), o_part.stride(1), o_part.stride(2)
+        slse_b, slse_h = lse.stride(0), lse.stride(1)
+    dot = dot_dtype(q.dtype)
+    _split_kernel[(batch * head_groups, splits)](
+        q, cache, block_table, seq_lens, o_part, lse,
+        q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_table.stride(0),
+        so_b, so_h, so_s, slse_b, slse_h,
+        heads, scale * LOG2E,
+        L=latent, R=rope, BL=triton.next_power_of_2(latent), BR=max(16, triton.next_power_of_2(rope)), PAGE=page,
+        HEAD_GROUPS=head_groups, SPLITS=splits, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DIRECT=direct,
+        DOT=dot, PREC=dot_precision(q.dtype), USE_WHILE=use_while(), STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps,
+    )
+    if not direct:
+        _reduce_kernel[(batch * heads,)](
+            o_part, lse, out, o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
+            out.stride(0), out.stride(1), heads,
+            L=latent, BL=triton.next_power_of_2(latent), SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
+            num_warps=4,
+        )
+    return out
