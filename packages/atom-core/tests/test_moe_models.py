@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -183,6 +184,30 @@ def test_parallel_ranks_add_up(layout, world, expert_parallel):
             assert experts.w13_weight.shape == (EXPERTS, 2 * INTER // world, HIDDEN) and experts.expert_map is None
         parts.append(block(x))
     torch.testing.assert_close(sum(parts), want, rtol=1e-5, atol=1e-5)
+
+
+@dataclasses.dataclass(frozen=True)
+class CountingRank(SingleRank):
+    """A simulated rank that counts its all-reduces (and, like :class:`SingleRank`, returns its input)."""
+
+    calls: list = dataclasses.field(default_factory=list)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append(tuple(x.shape))
+        return x
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_block_with_shared_expert_all_reduces_once(expert_parallel):
+    """The routed experts' and the shared expert's partial sums add up before the block's single all-reduce."""
+    tp = CountingRank(1, 2)
+    host = SimpleNamespace(tp=tp, quant=None, expert_parallel=expert_parallel)
+    shared = GatedMLP(HIDDEN, 48, bias=False, host=host, prefix="shared_expert")
+    block = SparseMoeBlock(HIDDEN, RouterConfig(num_experts=EXPERTS, top_k=3, renormalize=False), INTER, host=host,
+                           prefix="", shared_expert=shared, shared_expert_gate=True)
+    _load(block, _checkpoint(torch.Generator().manual_seed(0), "per_expert"))
+    block(torch.randn(5, HIDDEN))
+    assert tp.calls == [(5, HIDDEN)]
 
 
 def test_expert_partition_covers_every_expert():

@@ -204,15 +204,20 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Input features split over ranks; partial products are all-reduced, then the bias added once."""
+    """Input features split over ranks; partial products are all-reduced, then the bias added once.  With
+    ``reduce_results`` False the caller sums the ranks' outputs (folding this reduction into its own): each
+    rank returns its partial product, rank 0's with the bias."""
 
     parallel = "row"
 
-    def __init__(self, input_size: int, output_size: int, **kw: Any):
+    def __init__(self, input_size: int, output_size: int, *, reduce_results: bool = True, **kw: Any):
         super().__init__(input_size, [output_size], **kw)
+        self.reduce_results = reduce_results
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.quant_method.apply(self, x, None)
         if self.tp.world_size > 1:
+            if not self.reduce_results:
+                return y + self.bias if self.bias is not None and self.tp.rank == 0 else y
             y = self.tp.all_reduce(y)
         return y + self.bias if self.bias is not None else y

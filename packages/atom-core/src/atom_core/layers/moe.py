@@ -265,13 +265,19 @@ class FusedMoE(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     """Router + routed experts, plus an optional shared expert (an MLP every token takes), optionally
-    scaled by ``sigmoid(x wₛᵀ)`` (Qwen2-MoE, Qwen3-Next)."""
+    scaled by ``sigmoid(x wₛᵀ)`` (Qwen2-MoE, Qwen3-Next).  Under tensor parallelism the block all-reduces
+    once: the routed experts' and the shared expert's partial sums (its ``down_proj`` row-parallel) add up
+    on each rank first."""
 
     def __init__(self, hidden_size: int, router: RouterConfig, moe_intermediate_size: int, *, host: Host, prefix: str,
                  shared_expert: nn.Module | None = None, shared_expert_gate: bool = False):
         super().__init__()
+        self.tp = host.tp
         self.gate = Router(hidden_size, router)
-        self.experts = FusedMoE(router.num_experts, hidden_size, moe_intermediate_size, host=host, prefix=f"{prefix}.experts")
+        self.experts = FusedMoE(router.num_experts, hidden_size, moe_intermediate_size, host=host, prefix=f"{prefix}.experts",
+                                reduce_results=False)
+        if shared_expert is not None:
+            shared_expert.down_proj.reduce_results = False  # summed with the experts' partial output below
         self.shared_expert = shared_expert
         self.shared_expert_gate = (
             ReplicatedLinear(hidden_size, 1, host=host, prefix=f"{prefix}.shared_expert_gate") if shared_expert_gate else None
@@ -285,4 +291,6 @@ class SparseMoeBlock(nn.Module):
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
+        if self.tp.world_size > 1:
+            out = self.tp.all_reduce(out)
         return out
