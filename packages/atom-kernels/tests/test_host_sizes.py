@@ -24,6 +24,7 @@ from atom_kernels import (
     mla_decode,
     mrope,
     mxfp4_mm,
+    paged_attention,
     quant_fp8,
     rms_norm,
     rms_norm_gated,
@@ -383,3 +384,23 @@ def test_mla_decode_host_size(heads):
     out = mla_decode.call_backend("triton", *args)
     assert (out[-48:] == 0).all()
     assert_close(out, mla_decode.call_backend("reference", *args), BF16)
+
+
+@pytest.mark.parametrize("tokens", HOST_TOKENS)
+def test_paged_attention_host_size(tokens):
+    """A chunked-prefill step of ``tokens`` queries: sequences of 2048 new tokens after 1024 cached ones, gpt-oss's
+    64 heads over 8 kv heads of 64 with sinks and a 128-token window, page 16 with scattered blocks: grid axis 0 holds
+    one program per 64-row tile (8 queries x 8 heads), ``tokens / 8 + B`` of them."""
+    page, new, context = 16, 2048, 3072
+    batch = tokens // new
+    blocks = context // page
+    table = torch.randperm(batch * blocks, generator=gen(0)).view(batch, blocks).int().to(DEV)
+    k_cache = cuda_randn(batch * blocks, page, 8, 64, dtype=BF16)
+    v_cache = cuda_randn(batch * blocks, page, 8, 64, dtype=BF16, seed=1)
+    q = cuda_randn(tokens, 64, 64, dtype=BF16, seed=2)
+    qsl = torch.arange(0, tokens + 1, new, dtype=torch.int32, device=DEV)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=DEV)
+    args = (q, k_cache, v_cache, table, lens, qsl, 0.125)
+    kwargs = dict(sliding_window=128, sinks=cuda_randn(64, seed=3))
+    out = paged_attention.call_backend("triton", *args, **kwargs)
+    assert_close(out, paged_attention.call_backend("reference", *args, **kwargs), BF16)

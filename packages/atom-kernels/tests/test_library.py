@@ -16,6 +16,7 @@ from atom_kernels import (
     mla_decode,
     mrope,
     mxfp4_mm,
+    paged_attention,
     quant_fp8,
     rms_norm,
     rotary_embedding,
@@ -129,6 +130,12 @@ def _opcheck_cases(gen):
     block_table = torch.tensor([[3, 0, 5, -1], [1, -1, -1, -1], [-1, -1, -1, -1]], dtype=torch.int32)
     mla_args = (torch.randn(3, HEADS, 40, generator=gen), latent_cache, block_table,
                 torch.tensor([11, 2, 0], dtype=torch.int32), 40**-0.5, 32)
+    # paged K/V: 6 blocks of 4 tokens, 2 kv heads of 16; 3 queries ending a context of 11, 2 of 2, none of 0
+    kv_caches = [torch.randn(6, 4, KV_HEADS, HEAD, generator=gen) for _ in range(2)]
+    paged_args = (torch.randn(5, HEADS, HEAD, generator=gen), *kv_caches, block_table[:, :3].contiguous(),
+                  torch.tensor([11, 2, 0], dtype=torch.int32), torch.tensor([0, 3, 5, 5], dtype=torch.int32),
+                  HEAD**-0.5)
+    new_kv = [torch.randn(5, KV_HEADS, HEAD, generator=gen) for _ in range(2)]
     return {
         "silu_and_mul": (ops.silu_and_mul, (x,)),
         "rotary_embedding": (ops.rotary_embedding, (positions, q.clone(), k.clone(), _cache(HEAD), HEAD, True)),
@@ -148,6 +155,11 @@ def _opcheck_cases(gen):
         "fp8_block_mm": (ops.fp8_block_mm, (qg, sg, b_fp8, b_block_scale, [128, 128], None, torch.float32)),
         "mxfp4_mm": (ops.mxfp4_mm, (a, b_codes, b_mx_scale, None, "rows", False)),
         "mla_decode": (ops.mla_decode, mla_args),
+        "paged_attention": (ops.paged_attention, (*paged_args, None, torch.randn(HEADS, generator=gen), None, None,
+                                                  None)),
+        "paged_attention_window_cap": (ops.paged_attention, (*paged_args, 4, None, 10.0, None, None)),
+        "reshape_and_cache": (ops.reshape_and_cache, (*new_kv, *(c.clone() for c in kv_caches),
+                                                      torch.tensor([3, -1, 9, 0, 22]), None, None)),
     }
 
 
@@ -182,6 +194,8 @@ def test_traced_forms_equal_eager_calls(rng):
         lambda: mxfp4_mm(a, b_codes, b_mx_scale, None, layout="rows"),
         lambda: quant_fp8(a, 128)[1],
         lambda: mla_decode(*cases["mla_decode"][1]),
+        lambda: paged_attention(*cases["paged_attention"][1][:7], sinks=cases["paged_attention"][1][8]),
+        lambda: paged_attention(*cases["paged_attention"][1][:7], sliding_window=4, soft_cap=10.0),
     ]
     for call in calls:
         torch.testing.assert_close(torch.compile(call, backend="aot_eager", fullgraph=True)(), call())

@@ -14,7 +14,9 @@ from atom_kernels.ops.mla_decode import mla_decode
 from atom_kernels.ops.moe_align import moe_align_block_size
 from atom_kernels.ops.mrope import mrope
 from atom_kernels.ops.mxfp4_mm import mxfp4_mm
+from atom_kernels.ops.paged_attention import paged_attention
 from atom_kernels.ops.quant_fp8 import quant_fp8
+from atom_kernels.ops.reshape_and_cache import reshape_and_cache
 from atom_kernels.ops.rms_norm import rms_norm
 from atom_kernels.ops.rms_norm_gated import rms_norm_gated
 from atom_kernels.ops.rotary_embedding import rotary_embedding
@@ -26,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "OPS", "ExpertQuant", "MoeKernelConfig", "describe", "causal_conv1d", "causal_conv1d_update", "chunk_gated_delta_rule",
     "fp8_block_mm", "fp8_scaled_mm", "fused_moe", "fused_recurrent_gated_delta_rule", "mla_decode", "moe_align_block_size",
-    "mrope", "mxfp4_mm", "quant_fp8", "rms_norm", "rms_norm_gated", "rotary_embedding", "silu_and_mul", "topk_routing",
+    "mrope", "mxfp4_mm", "paged_attention", "quant_fp8", "reshape_and_cache", "rms_norm", "rms_norm_gated",
+    "rotary_embedding", "silu_and_mul", "topk_routing",
     "__version__",
 ]

@@ -230,6 +230,41 @@ def _mla_decode_traced(q, cache, block_table, seq_lens, scale, kv_lora_rank):
     return _mla_decode(q, cache, block_table, seq_lens, scale, kv_lora_rank)
 
 
+def _paged_attention_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
+                          query_start_loc: Tensor, scale: float, sliding_window: int | None, sinks: Tensor | None,
+                          soft_cap: float | None, k_scale: Tensor | None, v_scale: Tensor | None) -> Tensor:
+    return q.new_empty(q.shape)
+
+
+_paged_attention = define(
+    "paged_attention", _paged_attention_fake,
+    lambda q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, sliding_window, sinks, soft_cap,
+    k_scale, v_scale: _eager("paged_attention")(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                                                sliding_window=sliding_window, sinks=sinks, soft_cap=soft_cap,
+                                                k_scale=k_scale, v_scale=v_scale))
+
+
+def _paged_attention_traced(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *,
+                            sliding_window=None, sinks=None, soft_cap=None, k_scale=None, v_scale=None):
+    return _paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, sliding_window, sinks,
+                            soft_cap, k_scale, v_scale)
+
+
+def _reshape_and_cache_fake(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+                            k_scale: Tensor | None, v_scale: Tensor | None) -> None:
+    return None
+
+
+_reshape_and_cache = define("reshape_and_cache", _reshape_and_cache_fake,
+                            lambda k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale:
+                            _eager("reshape_and_cache")(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale),
+                            mutates_args=("k_cache", "v_cache"))
+
+
+def _reshape_and_cache_traced(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None):
+    _reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
 # op name -> its traced form
 TRACED: dict[str, Callable] = {
     "rms_norm": _rms_norm_traced,
@@ -243,6 +278,8 @@ TRACED: dict[str, Callable] = {
     "fp8_block_mm": _fp8_block_mm_traced,
     "mxfp4_mm": _mxfp4_mm_traced,
     "mla_decode": _mla_decode_traced,
+    "paged_attention": _paged_attention_traced,
+    "reshape_and_cache": _reshape_and_cache_traced,
 }
 
 for _name, _traced in TRACED.items():
