@@ -60,7 +60,7 @@ def test_fp32_cpu_parity_q_lora_yarn(deepseek_dir):
     layers = [m for m in runner.model.modules() if isinstance(m, LatentAttention)]
     assert len(layers) == 3
     cache, values = runner.host.kv_cache.layers[0]
-    assert cache.shape[1:] == (1, 64 + 16) and values.numel() == 0  # kv_lora_rank + qk_rope_head_dim, no V
+    assert cache.shape[2:] == (1, 64 + 16) and values.numel() == 0  # kv_lora_rank + qk_rope_head_dim, no V
 
 
 def test_fp32_cpu_parity_plain_q_neox_rope(deepseek_dir):

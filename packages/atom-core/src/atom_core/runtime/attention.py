@@ -1,13 +1,15 @@
-"""The native host's attention: write this step's K/V into the paged cache, then attend over each
-sequence's cached context (plain torch; the native host is for running and testing, not serving)."""
+"""The native host's attention: write this step's K/V into the paged cache (``atom_kernels.reshape_and_cache``), then
+attend over each sequence's cached context through its block table (``atom_kernels.paged_attention``: decode and
+chunked prefill alike, sliding window and gpt-oss sinks included).  On the CPU both run as their torch references."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from atom_kernels import paged_attention, reshape_and_cache
 
 if TYPE_CHECKING:
     from atom_core.runtime.host import NativeHost
@@ -30,35 +32,12 @@ class PagedAttention(nn.Module):
         ctx = host.context
         if ctx is None:
             raise RuntimeError("native attention called outside a runner step (no StepContext set)")
-        k_cache, v_cache = host.kv_cache.layers[self.cache_index]
+        k_cache, v_cache = host.kv_cache.layers[self.cache_index]  # [num_blocks, block_size, kv_heads, head_dim]
         num_tokens = q.shape[0]
-        valid = ctx.slot_mapping >= 0
-        slots = ctx.slot_mapping[valid]
-        k_cache[slots] = k.view(num_tokens, self.num_kv_heads, self.head_dim)[valid].to(k_cache.dtype)
-        v_cache[slots] = v.view(num_tokens, self.num_kv_heads, self.head_dim)[valid].to(v_cache.dtype)
-
-        batch, width = ctx.batch_size, ctx.max_query_len
-        q_pad = q.new_zeros(batch * width, self.num_heads, self.head_dim)
-        q_pad[ctx.token_index()] = q.view(num_tokens, self.num_heads, self.head_dim)
-        q_pad = q_pad.view(batch, width, self.num_heads, self.head_dim).transpose(1, 2)
-        keys = k_cache[ctx.slot_table].transpose(1, 2).to(q.dtype)  # [B, kvh, S, d]
-        values = v_cache[ctx.slot_table].transpose(1, 2).to(q.dtype)
-        mask = ctx.mask(self.sliding_window)
-        if self.sinks is None:
-            out = F.scaled_dot_product_attention(q_pad, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True)
-        else:
-            out = _attention_with_sinks(q_pad, keys, values, mask, self.scale, self.sinks)
-        out = out.transpose(1, 2).reshape(batch * width, self.num_heads * self.head_dim)
-        return out[ctx.token_index()]
-
-
-def _attention_with_sinks(q, k, v, mask, scale, sinks):
-    """Softmax over the keys plus one learned per-head "sink" logit that absorbs probability mass."""
-    groups = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(groups, dim=1)
-    v = v.repeat_interleave(groups, dim=1)
-    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
-    sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    return (probs @ v.float()).to(q.dtype)
+        reshape_and_cache(k.view(num_tokens, self.num_kv_heads, self.head_dim),
+                          v.view(num_tokens, self.num_kv_heads, self.head_dim), k_cache, v_cache, ctx.slot_mapping)
+        block_table, seq_lens = ctx.paged(host.kv_cache.block_size)
+        out = paged_attention(q.view(num_tokens, self.num_heads, self.head_dim), k_cache, v_cache, block_table,
+                              seq_lens, ctx.query_start_loc(), self.scale, sliding_window=self.sliding_window,
+                              sinks=self.sinks)
+        return out.view(num_tokens, self.num_heads * self.head_dim)

@@ -25,6 +25,7 @@ class StepContext:
     _token_index: torch.Tensor | None = field(default=None, repr=False)
     _linear: dict | None = field(default=None, repr=False)
     _paged: tuple[int, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _query_start_loc: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -54,6 +55,15 @@ class StepContext:
             lens = torch.tensor(self.seq_lens, dtype=torch.int32, device=self.slot_mapping.device)
             self._paged = (block_size, table.contiguous(), lens)
         return self._paged[1], self._paged[2]
+
+    def query_start_loc(self) -> torch.Tensor:
+        """``[B + 1]`` int32: sequence b's new tokens are packed tokens ``[query_start_loc[b], query_start_loc[b + 1])``."""
+        if self._query_start_loc is None:
+            starts = [0]
+            for n in self.query_lens:
+                starts.append(starts[-1] + n)
+            self._query_start_loc = torch.tensor(starts, dtype=torch.int32, device=self.slot_mapping.device)
+        return self._query_start_loc
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         """``[B, 1, max_query_len, max_seq_len]`` bool: key j visible to query i of sequence b."""

@@ -45,16 +45,17 @@ class SequenceSlots:
 
 
 class KVCache:
-    """Per attention layer, K and V of shape ``[num_blocks * block_size, *shape]``, their ``(k, v)`` shapes
-    as the layer declares them (``(heads, head_dim)`` each; latent attention caches one latent as K)."""
+    """Per attention layer, K and V of shape ``[num_blocks, block_size, *shape]``, their ``(k, v)`` shapes as the
+    layer declares them (``(kv_heads, head_dim)`` each; latent attention caches one latent as K).  Slot
+    ``block * block_size + offset`` is ``cache[block, offset]``."""
 
     def __init__(self, layer_shapes: list[tuple[tuple[int, ...], tuple[int, ...]]], num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device):
         self.block_size = block_size
         self.num_blocks = num_blocks
-        slots = num_blocks * block_size
         self.layers = [
-            (torch.zeros(slots, *k_shape, dtype=dtype, device=device), torch.zeros(slots, *v_shape, dtype=dtype, device=device))
+            (torch.zeros(num_blocks, block_size, *k_shape, dtype=dtype, device=device),
+             torch.zeros(num_blocks, block_size, *v_shape, dtype=dtype, device=device))
             for k_shape, v_shape in layer_shapes
         ]
         self.allocator = BlockAllocator(num_blocks)

@@ -74,6 +74,7 @@ class LatentAttention(nn.Module):
         if self.w_uk is None:
             raise RuntimeError("latent attention used before its weights were loaded (finish_loading)")
         cache, _ = host.kv_cache.layers[self.cache_index]
+        cache = cache.view(-1, *cache.shape[2:])  # [num_slots, 1, kv_lora_rank + rope], indexed by slot
         num_tokens = q.shape[0]
         valid = ctx.slot_mapping >= 0
         latent = torch.cat([kv_c, k_pe], dim=-1).view(num_tokens, 1, -1)
