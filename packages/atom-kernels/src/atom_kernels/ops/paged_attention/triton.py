@@ -44,7 +44,7 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 class Config:
     block_m: int | None = None  # rows (queries x heads of a group) per tile; None: 16 for decode-like steps, else 64
     block_n: int | None = None  # context tokens per step; None: 64 for head dims up to 128, else 32
-    num_warps: int = 4
+    num_warps: int | None = None  # None: 8 for tiles past 64 x 128 (the fp32 accumulator's registers), else 4
     num_stages: int = 2
     splits: int | None = None  # None: from the shapes (see num_splits)
 
@@ -236,6 +236,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
     block_m = max(block_m, group_p2)
     block_q = block_m // group_p2
     block_n = cfg.block_n or (64 if dim <= 128 else 32)
+    bd = max(16, triton.next_power_of_2(dim))
+    num_warps = cfg.num_warps or (8 if block_m * bd > 64 * 128 else 4)
     tiles = tokens // block_q + batch
     splits = cfg.splits or num_splits(tiles * kv_heads, block_table.shape[1] * page, q.device)
     direct = splits == 1
@@ -256,12 +258,12 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
         so_t, so_h, so_s, slse_t, slse_h,
         batch, float(scale), float(soft_cap or 1.0), int(sliding_window or 0),
-        G=group, GP2=group_p2, BLOCK_Q=block_q, BLOCK_M=block_m, D=dim, BD=max(16, triton.next_power_of_2(dim)),
+        G=group, GP2=group_p2, BLOCK_Q=block_q, BLOCK_M=block_m, D=dim, BD=bd,
         PAGE=page, BLOCK_N=block_n, SPLITS=splits, SEQS_P2=triton.next_power_of_2(batch),
         HAS_SINKS=sinks is not None, SOFT_CAP=soft_cap is not None, WINDOW=sliding_window is not None,
         HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None, DIRECT=direct,
         DOT=dot_dtype(q.dtype), PREC=dot_precision(q.dtype), USE_WHILE=use_while(), STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps,
+        num_warps=num_warps,
     )
     if not direct:
         _reduce_kernel[(tokens * heads,)](
