@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def check_paged_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc) -> None:
@@ -40,15 +41,20 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
         blocks = block_table[b, : -(-context // page)].long()
         k = k_cache[blocks].reshape(-1, kv_heads, dim)[:context].float() * _scale(k_scale)
         v = v_cache[blocks].reshape(-1, kv_heads, dim)[:context].float() * _scale(v_scale)
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [S, H, D]
-        s = torch.einsum("qhd,khd->hqk", q[first:last].float(), k) * scale
-        if soft_cap is not None:
-            s = torch.tanh(s / soft_cap) * soft_cap
         q_pos = torch.arange(context - n, context, device=q.device)[:, None]
         k_pos = torch.arange(context, device=q.device)[None, :]
         visible = k_pos <= q_pos
         if sliding_window is not None:
             visible &= q_pos - k_pos < sliding_window
+        if sinks is None and soft_cap is None:  # plain softmax attention: torch's own, in fp32
+            o = F.scaled_dot_product_attention(q[first:last].float().transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                               v.transpose(0, 1)[None], attn_mask=visible, scale=scale, enable_gqa=True)
+            out[first:last] = o[0].transpose(0, 1).to(q.dtype)
+            continue
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [S, H, D]
+        s = torch.einsum("qhd,khd->hqk", q[first:last].float(), k) * scale
+        if soft_cap is not None:
+            s = torch.tanh(s / soft_cap) * soft_cap
         s = s.masked_fill(~visible, float("-inf"))
         if sinks is not None:
             s = torch.cat([s, sinks.float().view(heads, 1, 1).expand(heads, n, 1)], dim=-1)
