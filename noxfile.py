@@ -234,7 +234,7 @@ def host_sessions(tag: str, releases: dict[str, dict], run, doc: str) -> None:
 
 # ---- atom-vllm: one session per tested vLLM release ([[vllm]] in ci/pins.toml) -------------------------
 VLLM_RELEASES = PINS.get("vllm", [])
-VLLM_CHECKS = ("plugin", "construct", "generate")
+VLLM_CHECKS = ("plugin", "construct", "generate", "tensor_parallel")
 
 
 def _vllm_release_id(release: dict) -> str:

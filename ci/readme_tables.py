@@ -30,6 +30,7 @@ VLLM_CHECKS = {
     "plugin": "entry point, registry, capability flags, broken-plugin guard",
     "construct": "forced-CPU construction + `load_weights` of every architecture",
     "generate": "`LLM.generate` on CPU: same greedy tokens as vLLM's own model and transformers",
+    "tensor_parallel": "`LLM.generate` at `tensor_parallel_size=2`: same greedy tokens as TP=1 and vLLM's own model",
 }
 
 

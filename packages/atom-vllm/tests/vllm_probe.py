@@ -3,7 +3,8 @@ every check sees a fresh process (vLLM loads plugins once per process) with its 
 
     python vllm_probe.py resolve   --out F DIR...   registry: resolved class + inspection flags per checkpoint
     python vllm_probe.py construct --out F DIR...   forced-CPU construction + vLLM's weight loading
-    python vllm_probe.py generate  --out F [--prompts JSON] [--max-tokens N] DIR[@DTYPE[@SSM_DTYPE]]...
+    python vllm_probe.py generate  --out F [--prompts JSON] [--max-tokens N] [--tensor-parallel-size N]
+                                    DIR[@DTYPE[@SSM_DTYPE]]...
                                     LLM.generate, greedy (DTYPE: the model's dtype, float32 unless given;
                                     SSM_DTYPE: vLLM's mamba_ssm_cache_dtype, "auto" unless given)
 
@@ -368,11 +369,28 @@ def construct(dirs: list[str], errors: bool = False) -> list[dict]:
     return out
 
 
-def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False) -> list[dict]:
-    """Greedy tokens of each checkpoint; ``compiled``: with vLLM's torch.compile (its default), else eager."""
-    # The engine core and its worker in this process: no process start-ups (each re-imports vLLM), and
-    # apply_model can run a plain function on the model.
+# Functions apply_model runs on the model: module-level, so that they pickle by name to vLLM's worker processes
+# (TP > 1; each re-imports this file as its __main__).
+def _model_class(model) -> tuple[str, str]:
+    return type(model).__module__, type(model).__qualname__
+
+
+def _compiled_class(model) -> str:
+    return type(model).__name__ if getattr(model, "compiled", False) else ""
+
+
+def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False,
+             tensor_parallel_size: int = 1) -> list[dict]:
+    """Greedy tokens of each checkpoint; ``compiled``: with vLLM's torch.compile (its default), else eager;
+    ``tensor_parallel_size`` > 1: vLLM's tensor parallelism, one worker process per rank."""
+    # The engine core in this process: no engine-core process start-up (each re-imports vLLM).  At TP=1 its one
+    # worker runs here too; at TP > 1 vLLM's multiprocessing executor spawns a worker per rank, which share the
+    # TP group over torch.distributed (gloo) and vLLM's CPU shared-memory communicator.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if tensor_parallel_size > 1:
+        # vLLM's default ("auto") binds each rank's OpenMP threads to a NUMA node of its own, and asserts there
+        # are as many nodes as ranks; a one-node machine runs the ranks unbound (OMP_NUM_THREADS as inherited).
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -384,14 +402,16 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
         cache = {"mamba_ssm_cache_dtype": ssm_dtype} if ssm_dtype else {}
         start = time.perf_counter()
         llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=not compiled, dtype=dtype, max_model_len=256,
-                  max_num_seqs=4, seed=0, **cache)
+                  max_num_seqs=4, seed=0, tensor_parallel_size=tensor_parallel_size, **cache)
         started = time.perf_counter() - start
-        module, qualname = llm.apply_model(lambda model: (type(model).__module__, type(model).__qualname__))[0]
+        classes = llm.apply_model(_model_class)  # one per rank
+        module, qualname = classes[0]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
         results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        compiled_classes = llm.apply_model(lambda model: type(model).__name__ if getattr(model, "compiled", False) else "")
+        compiled_classes = llm.apply_model(_compiled_class)
         out.append({"dir": model_dir, "dtype": dtype, "module": module, "qualname": qualname,
-                    "compiled": bool(compiled_classes[0]),
+                    "compiled": bool(compiled_classes[0]), "tensor_parallel_size": tensor_parallel_size,
+                    "rank_classes": [".".join(c) for c in classes],
                     "tokens": [list(r.outputs[0].token_ids) for r in results],
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
         del llm
@@ -418,13 +438,15 @@ def main() -> None:
     parser.add_argument("--inspect", choices=["yes", "no"], default="yes")
     parser.add_argument("--compiled", choices=["yes", "no"], default="no")
     parser.add_argument("--errors", choices=["yes", "no"], default="no")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     args = parser.parse_args()
     if args.command == "resolve":
         result = resolve(args.dirs, inspect=args.inspect == "yes")
     elif args.command == "construct":
         result = construct(args.dirs, errors=args.errors == "yes")
     else:
-        result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes")
+        result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes",
+                          tensor_parallel_size=args.tensor_parallel_size)
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 
