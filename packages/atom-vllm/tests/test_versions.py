@@ -114,7 +114,7 @@ def test_capabilities_decide_what_is_served(monkeypatch):
 def test_catalog_capability_names_are_known():
     """The capability names atom-core's catalog declares are the ones atom-vllm implements (a renamed
     capability would otherwise quietly stop being served)."""
-    for name in (catalog.TEXT, catalog.HYBRID, catalog.MULTIMODAL, catalog.MROPE):
+    for name in (catalog.TEXT, catalog.HYBRID, catalog.MULTIMODAL, catalog.MROPE, catalog.MLA):
         assert capabilities.EXTENSIONS[name].implemented, name
 
 

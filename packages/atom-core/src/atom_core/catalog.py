@@ -77,11 +77,13 @@ _TINY_MOE = dict(_TINY_DENSE, tie_word_embeddings=False)
 
 # A tiny DeepSeek-V3: latent attention with a q LoRA and YaRN (mscale folded into the softmax scale), layers
 # 0-1 dense, layer 2 sparse: sigmoid routing over 4 groups of 4 experts (2 groups kept), one shared expert.
+# ``topk_method``/``scoring_func`` are DeepSeek-V3's own config keys (transformers and ATOM route this way without
+# them; vLLM's own class reads them).
 _TINY_DEEPSEEK_V3 = dict(
     _TINY_MOE, num_hidden_layers=3, first_k_dense_replace=2, num_key_value_heads=4, q_lora_rank=96, kv_lora_rank=64,
     qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=48, head_dim=16, n_routed_experts=16, num_experts_per_tok=4,
     moe_intermediate_size=64, n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
-    norm_topk_prob=True, rope_interleave=True,
+    norm_topk_prob=True, rope_interleave=True, topk_method="noaux_tc", scoring_func="sigmoid",
     rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
 )

@@ -55,10 +55,9 @@ EXTENSIONS: dict[str, Extension] = {
         mixin="atom_vllm.multimodal:MultimodalModel",
     ),
     MLA: Extension(
-        "VllmHost.attention(mla=...): vLLM's MLA attention layer over its latent KV cache (kv_c_normed, k_pe; "
-        "kv_b_proj handed to the layer, which absorbs it for decode), and vLLM sizing that cache from the "
-        "config (its is_deepseek_mla model_type check)",
-        implemented=False,
+        "VllmHost.attention(mla=...): vLLM's MLAAttention over its latent KV cache (kv_c_normed, k_pe; "
+        "atom-core's kv_b_proj handed to the layer through atom_vllm.latent.LatentProjection, absorbed for "
+        "decode), and vLLM sizing that cache from the config (its is_deepseek_mla model_type check)",
     ),
     MROPE: Extension(
         "SupportsMRoPE: get_mrope_input_positions(input_tokens, mm_features) -> (positions [3, T], delta) "

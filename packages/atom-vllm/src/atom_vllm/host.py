@@ -3,7 +3,8 @@
 * attention: vLLM's own ``Attention`` layer (where it lives depends on the version: :mod:`atom_vllm.compat`),
   registered under the layer's dotted name; it reads the step's metadata (positions, sequence lengths, KV
   slots) from vLLM's forward context and owns the paged KV cache vLLM allocates for it.  ATOM's models
-  pass it q/k/v of shape ``[T, heads * head_dim]``.
+  pass it q/k/v of shape ``[T, heads * head_dim]``.  Latent attention (``mla=``) gets vLLM's ``MLAAttention``
+  over vLLM's latent cache (:mod:`atom_vllm.latent`).
 * linear_attention_state: a vLLM ``MambaBase`` layer over vLLM's mamba-state cache (:mod:`atom_vllm.hybrid`).
 * tp: vLLM's tensor-parallel group (``vllm.distributed``).
 * quant: atom-core's own parse of the checkpoint's ``quantization_config``.
@@ -17,7 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from atom_core.errors import UnsupportedConfigError
 from atom_vllm import compat
 
 
@@ -68,7 +68,11 @@ class VllmHost:
     def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
         if mla is not None:
-            raise UnsupportedConfigError(f"{prefix}: MLA attention is not wired to vLLM's MLAAttention in atom-vllm yet")
+            from atom_vllm.latent import latent_attention
+
+            layer = latent_attention(self.vllm_config, prefix, num_heads, scale, mla)
+            self.attention_layers[prefix] = layer
+            return layer
         extra = {"sinks": sinks} if sinks is not None else {}
         layer = compat.attention_class()(
             num_heads, head_dim, scale, num_kv_heads=num_kv_heads, cache_config=self._cache_config_for(sliding_window),
