@@ -311,7 +311,7 @@ def _module(section: str, body: str) -> str:
 
 def vllm_pins(pins: dict) -> str:
     fields = ("distribution", "version", "torch", "transformers")
-    rows = "".join(f"    {{{', '.join(f'{f!r}: {e[f]!r}' for f in fields)}, 'checks': {tuple(e.get('checks', ()))!r}}},\n"
+    rows = "".join(f"    {{{', '.join(f'{f!r}: {e[f]!r}' for f in fields)},\n     'checks': {tuple(e.get('checks', ()))!r}}},\n"
                    for e in pins["vllm"])
     return _module("vllm", f"TESTED = (\n{rows})\n")
 

