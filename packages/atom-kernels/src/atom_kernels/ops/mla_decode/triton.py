@@ -6,8 +6,8 @@ rounded up to BLOCK_N (read from the device, so the launch never syncs).  Each s
 through the block table, scores them against the heads' ``[latent | rope]`` queries, and folds them into an
 online softmax; the latent rows serve as both keys and values, so the cache is read once per head group.
 The program writes its normalised partial output and log-sum-exp (base 2); a split with no tokens writes
-lse = -inf.  Stage 2, program ``(b * H + h)``: the lse-weighted sum of the splits' partials.  With one split,
-stage 1 writes the output directly.
+lse = -inf.  Stage 2 (:mod:`atom_kernels.ops._splitk`): the lse-weighted sum of the splits' partials.  With one
+split, stage 1 writes the output directly.
 
 The split count depends on shapes only (batch, head groups, the block table's width) so a CUDA graph
 captured for a batch size replays for any lengths.
@@ -15,19 +15,18 @@ captured for a batch size replays for any lengths.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.ops import _splitk as splitk
 from atom_kernels.ops._triton_common import LOG2E, dot_dtype, dot_precision, use_while
 from atom_kernels.ops.mla_decode.reference import check_mla_args
 
 MAX_LATENT = 1024  # kv_lora_rank is padded to a power of two in registers (DeepSeek: 512)
 MAX_SPLITS = 64
-MIN_SPLIT_TOKENS = 256  # fewer context tokens per split would cost more in the reduce than they save
 
 
 @dataclass(frozen=True)
@@ -42,17 +41,9 @@ class Config:
 DEFAULT = Config()
 
 
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def num_splits(batch: int, head_groups: int, max_context: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU twice over, each with at least MIN_SPLIT_TOKENS of the longest context
-    the block table can hold."""
-    sms = _multiprocessors(device.index or 0) if device.type == "cuda" else 132
-    wanted = triton.cdiv(2 * sms, max(1, batch * head_groups))
-    return max(1, min(MAX_SPLITS, wanted, triton.cdiv(max_context, MIN_SPLIT_TOKENS)))
+    """Splits of each (sequence, head group) program's context (see _splitk.num_splits)."""
+    return splitk.num_splits(batch * head_groups, max_context, device, MAX_SPLITS)
 
 
 def unsupported(q, cache, block_table, seq_lens, scale, kv_lora_rank) -> str | None:
@@ -139,30 +130,6 @@ def _split_kernel(
         tl.store(lse_ptr + b * slse_b + heads * slse_h + split, lse, mask=h_ok)
 
 
-@triton.jit
-def _reduce_kernel(
-    o_part_ptr, lse_ptr, out_ptr, sp_b, sp_h, sp_s, slse_b, slse_h, so_b, so_h,
-    H, L: tl.constexpr, BL: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    b = (pid // H).to(tl.int64)
-    h = pid % H
-    cols = tl.arange(0, BL)
-    col_ok = cols < L
-    splits = tl.arange(0, SPLITS_P2)
-    lse = tl.load(lse_ptr + b * slse_b + h * slse_h + splits, mask=splits < SPLITS, other=float("-inf"))
-    top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # a padding row: every split empty, every weight 0
-    total = tl.sum(tl.exp2(lse - top), 0)
-    acc = tl.zeros([BL], dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        lse_s = tl.load(lse_ptr + b * slse_b + h * slse_h + s)
-        part = tl.load(o_part_ptr + b * sp_b + h * sp_h + s * sp_s + cols, mask=col_ok, other=0.0)  # 0 if empty
-        acc += tl.exp2(lse_s - top) * part
-    out = acc / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + b * so_b + h * so_h + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
-
-
 def mla_decode(q, cache, block_table, seq_lens, scale, kv_lora_rank, config: Config | None = None):
     check_mla_args(q, cache, block_table, seq_lens, kv_lora_rank)
     cfg = config or DEFAULT
@@ -174,31 +141,17 @@ def mla_decode(q, cache, block_table, seq_lens, scale, kv_lora_rank, config: Con
     head_groups = triton.cdiv(heads, cfg.block_h)
     page = cache.shape[1]
     splits = cfg.splits or num_splits(batch, head_groups, block_table.shape[1] * page, q.device)
-    direct = splits == 1
-    if direct:
-        o_part, lse = out, out  # lse is not written with one split
-        so_b, so_h, so_s, slse_b, slse_h = out.stride(0), out.stride(1), 0, 0, 0
-    else:
-        o_part = torch.empty(batch, heads, splits, latent, dtype=torch.float32, device=q.device)
-        lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
-        so_b, so_h, so_s = o_part.stride(0), o_part.stride(1), o_part.stride(2)
-        slse_b, slse_h = lse.stride(0), lse.stride(1)
+    parts = splitk.split_buffers(out, splits)
     dot = dot_dtype(q.dtype)
     _split_kernel[(batch * head_groups, splits)](
-        q, cache, block_table, seq_lens, o_part, lse,
+        q, cache, block_table, seq_lens, parts.o_part, parts.lse,
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_table.stride(0),
-        so_b, so_h, so_s, slse_b, slse_h,
+        parts.so_row, parts.so_head, parts.so_split, parts.slse_row, parts.slse_head,
         heads, scale * LOG2E,
         L=latent, R=rope, BL=triton.next_power_of_2(latent), BR=max(16, triton.next_power_of_2(rope)), PAGE=page,
-        HEAD_GROUPS=head_groups, SPLITS=splits, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DIRECT=direct,
+        HEAD_GROUPS=head_groups, SPLITS=splits, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DIRECT=parts.direct,
         DOT=dot, PREC=dot_precision(q.dtype), USE_WHILE=use_while(), STAGES=cfg.num_stages,
         num_warps=cfg.num_warps,
     )
-    if not direct:
-        _reduce_kernel[(batch * heads,)](
-            o_part, lse, out, o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-            out.stride(0), out.stride(1), heads,
-            L=latent, BL=triton.next_power_of_2(latent), SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
-            num_warps=4,
-        )
+    splitk.combine_splits(parts, out)
     return out

@@ -12,8 +12,8 @@ A tile's keys are ``[lo, hi)``: ``hi`` one past its last query's position, ``lo`
 (0 without a window).  Split s of ``SPLITS`` takes ``ceil((hi - lo) / SPLITS)`` of them (rounded up to BLOCK_N) and
 folds them, BLOCK_N at a time, into an online softmax in base 2 with a causal / window mask per row; split 0 starts
 from the sink logit (``m = sink``, ``l = 1``), which puts the sink in the denominator exactly once.  Each split
-writes its normalised output and log-sum-exp; with one split it writes the output directly.  Stage 2, program
-``(token, head)``: the lse-weighted sum of the splits.
+writes its normalised output and log-sum-exp; with one split it writes the output directly.  Stage 2
+(:mod:`atom_kernels.ops._splitk`): the lse-weighted sum of the splits.
 
 The split count comes from shapes (programs already in the grid, the block table's width) so a CUDA graph captured
 for a token count replays for any lengths; decode of long contexts gets several splits, long prefills one.
@@ -23,18 +23,17 @@ device).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.ops import _splitk as splitk
 from atom_kernels.ops._triton_common import dot_dtype, dot_precision, use_while
 from atom_kernels.ops.paged_attention.reference import check_paged_args
 
 MAX_SPLITS = 32
-MIN_SPLIT_TOKENS = 256  # fewer context tokens per split would cost more in the reduce than they save
 MAX_HEAD_DIM = 256
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -52,17 +51,9 @@ class Config:
 DEFAULT = Config()
 
 
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def num_splits(programs: int, max_context: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU twice over, each split with at least MIN_SPLIT_TOKENS of the longest context
-    the block table can hold."""
-    sms = _multiprocessors(device.index or 0) if device.type == "cuda" else 132
-    wanted = triton.cdiv(2 * sms, max(1, programs))
-    return max(1, min(MAX_SPLITS, wanted, triton.cdiv(max_context, MIN_SPLIT_TOKENS)))
+    """Splits of each (query tile, KV head) program's context (see _splitk.num_splits)."""
+    return splitk.num_splits(programs, max_context, device, MAX_SPLITS)
 
 
 def unsupported(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *, sliding_window=None,
@@ -196,30 +187,6 @@ def _split_kernel(
             tl.store(lse_ptr + token * slse_t + head * slse_h + split, lse, mask=row_ok)
 
 
-@triton.jit
-def _reduce_kernel(
-    o_part_ptr, lse_ptr, out_ptr, sp_t, sp_h, sp_s, slse_t, slse_h, so_t, so_h,
-    H, D: tl.constexpr, BD: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    t = (pid // H).to(tl.int64)
-    h = pid % H
-    cols = tl.arange(0, BD)
-    col_ok = cols < D
-    splits = tl.arange(0, SPLITS_P2)
-    lse = tl.load(lse_ptr + t * slse_t + h * slse_h + splits, mask=splits < SPLITS, other=float("-inf"))
-    top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    total = tl.sum(tl.exp2(lse - top), 0)
-    acc = tl.zeros([BD], dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        lse_s = tl.load(lse_ptr + t * slse_t + h * slse_h + s)
-        part = tl.load(o_part_ptr + t * sp_t + h * sp_h + s * sp_s + cols, mask=col_ok, other=0.0)  # 0 if empty
-        acc += tl.exp2(lse_s - top) * part
-    out = acc / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + t * so_t + h * so_h + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
-
-
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *, sliding_window=None,
                     sinks=None, soft_cap=None, k_scale=None, v_scale=None, config: Config | None = None):
     check_paged_args(q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
@@ -240,36 +207,22 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
     num_warps = cfg.num_warps or (8 if block_m * bd > 64 * 128 else 4)
     tiles = tokens // block_q + batch
     splits = cfg.splits or num_splits(tiles * kv_heads, block_table.shape[1] * page, q.device)
-    direct = splits == 1
-    if direct:
-        o_part, lse = out, out  # lse is not written with one split
-        so_t, so_h, so_s, slse_t, slse_h = out.stride(0), out.stride(1), 0, 0, 0
-    else:
-        o_part = torch.empty(tokens, heads, splits, dim, dtype=torch.float32, device=q.device)
-        lse = torch.empty(tokens, heads, splits, dtype=torch.float32, device=q.device)
-        so_t, so_h, so_s = o_part.stride(0), o_part.stride(1), o_part.stride(2)
-        slse_t, slse_h = lse.stride(0), lse.stride(1)
+    parts = splitk.split_buffers(out, splits)
     dummy = query_start_loc  # stands in for absent optional tensors (never read)
     _split_kernel[(tiles, kv_heads, splits)](
         q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
         sinks if sinks is not None else dummy, k_scale if k_scale is not None else dummy,
-        v_scale if v_scale is not None else dummy, o_part, lse,
+        v_scale if v_scale is not None else dummy, parts.o_part, parts.lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
-        so_t, so_h, so_s, slse_t, slse_h,
+        parts.so_row, parts.so_head, parts.so_split, parts.slse_row, parts.slse_head,
         batch, float(scale), float(soft_cap or 1.0), int(sliding_window or 0),
         G=group, GP2=group_p2, BLOCK_Q=block_q, BLOCK_M=block_m, D=dim, BD=bd,
         PAGE=page, BLOCK_N=block_n, SPLITS=splits, SEQS_P2=triton.next_power_of_2(batch),
         HAS_SINKS=sinks is not None, SOFT_CAP=soft_cap is not None, WINDOW=sliding_window is not None,
-        HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None, DIRECT=direct,
+        HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None, DIRECT=parts.direct,
         DOT=dot_dtype(q.dtype), PREC=dot_precision(q.dtype), USE_WHILE=use_while(), STAGES=cfg.num_stages,
         num_warps=num_warps,
     )
-    if not direct:
-        _reduce_kernel[(tokens * heads,)](
-            o_part, lse, out, o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-            out.stride(0), out.stride(1), heads,
-            D=dim, BD=triton.next_power_of_2(dim), SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
-            num_warps=4,
-        )
+    splitk.combine_splits(parts, out)
     return out
