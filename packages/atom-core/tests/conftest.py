@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,3 +48,19 @@ def hf_model(model_dir: str, dtype=torch.float32, device="cpu"):
     import transformers
 
     return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+
+
+def with_random_correction_bias(src: str, dst: Path) -> str:
+    """A copy (at ``dst``, written once) of the checkpoint at ``src`` whose routers' ``e_score_correction_bias``
+    buffers are random: transformers starts them at zero, which would leave the bias path of the routing untested."""
+    if not (dst / "config.json").exists():
+        model = hf_model(src)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.copy_(torch.randn(buffer.shape, generator=gen) * 0.05)
+        model.save_pretrained(str(dst))
+        for extra in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(Path(src) / extra, dst / extra)
+    return str(dst)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import hf_model
+from conftest import hf_model, with_random_correction_bias
 from parity import PROMPTS, check_model, reference_logits
 from quant_helpers import logit_metrics, read_tensors, reference_with_quantized_weights, rewrite_checkpoint
 
@@ -30,26 +30,11 @@ FP8_QUALITY = (0.15, 0.75)  # (max relative logit error, min top-1 agreement) ag
 MXFP4_QUALITY = (0.4, 0.4)  # measured 0.33 / 0.59 on the tiny checkpoint (random weights, 4-bit)
 
 
-def _with_random_correction_bias(src: str, dst: Path) -> str:
-    """A copy of the checkpoint whose routers' correction biases are random (transformers starts them at zero)."""
-    if not (dst / "config.json").exists():
-        model = hf_model(src)
-        gen = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for name, buffer in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    buffer.copy_(torch.randn(buffer.shape, generator=gen) * 0.05)
-        model.save_pretrained(str(dst))
-        for extra in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(Path(src) / extra, dst / extra)
-    return str(dst)
-
-
 @pytest.fixture(scope="session")
 def deepseek_dir(tiny, tmp_path_factory):
     def build(**overrides) -> str:
         key = "-".join(f"{k}{v}" for k, v in sorted(overrides.items())) or "default"
-        return _with_random_correction_bias(tiny(ARCH, **overrides), tmp_path_factory.getbasetemp() / f"dsv3-{key}")
+        return with_random_correction_bias(tiny(ARCH, **overrides), tmp_path_factory.getbasetemp() / f"dsv3-{key}")
 
     return build
 

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import hf_model
+from conftest import hf_model, with_random_correction_bias
 from parity import BF16_LOGIT_ATOL, check_model
 from safetensors.torch import save_file
 
@@ -37,28 +37,13 @@ from atom_core.models.mixtral import MIXTRAL_MAPPER
 MOE = ["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM"]
 
 
-def _with_random_correction_bias(src: str, dst: Path) -> str:
-    """A copy of a GLM-4.5 checkpoint whose routers' correction biases are random."""
-    if not (dst / "config.json").exists():
-        model = hf_model(src)
-        gen = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for name, buffer in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    buffer.copy_(torch.randn(buffer.shape, generator=gen) * 0.05)
-        model.save_pretrained(str(dst))
-        for extra in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(Path(src) / extra, dst / extra)
-    return str(dst)
-
-
 @pytest.fixture(scope="session")
 def moe_dir(tiny, tmp_path_factory):
     def build(arch: str, **overrides) -> str:
         model_dir = tiny(arch, **overrides)
         if arch == "Glm4MoeForCausalLM":
             key = "-".join(f"{k}{v}" for k, v in sorted(overrides.items()))
-            model_dir = _with_random_correction_bias(model_dir, tmp_path_factory.getbasetemp() / f"glm-bias{key}")
+            model_dir = with_random_correction_bias(model_dir, tmp_path_factory.getbasetemp() / f"glm-bias{key}")
         return model_dir
 
     return build
