@@ -11,6 +11,8 @@ requests and runs the model over ForwardBatches of their extend and decode steps
   ``mamba2_cache_params``, a ``HybridLinearKVPool`` for the full-attention layers and a
   ``HybridLinearAttnBackend`` (torch-native full attention + SGLang's ``GDNAttnBackend``, whose metadata the
   ATOM layers read);
+* latent-attention models (DeepSeek-V3): SGLang's ``MLATokenToKVPool`` (one ``kv_lora_rank + qk_rope_head_dim``
+  row per token), as its ModelRunner builds for an architecture its ModelConfig lists as MLA;
 * MRoPE models: ``forward_batch.mrope_positions`` filled by SGLang's own ``_compute_mrope_positions`` from
   each request's ``MultimodalInputs`` (text-only requests: none).
 
@@ -25,6 +27,7 @@ from types import SimpleNamespace
 import torch
 
 from atom_sglang import compat
+from atom_sglang.latent import SGLangLatentAttention
 
 MAX_CONTEXT = 160
 
@@ -41,8 +44,18 @@ class SGLangCPUBatch:
         kv = dict(size=num_requests * MAX_CONTEXT + 1, page_size=1, dtype=dtype, head_num=layers[0].tp_k_head_num,
                   head_dim=layers[0].head_dim, device="cpu", enable_memory_saver=False)
         self.hybrid = bool(model.atom_host.linear_attention_states)
+        latent = [m for m in model.atom_host.attention_layers if isinstance(m, SGLangLatentAttention)]
         if self.hybrid:
             self._hybrid_pools(model, kv, [m.layer_id for m in layers])
+        elif latent:  # what SGLang's ModelRunner builds for an MLA architecture: one latent row per token
+            from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
+
+            self.req_pool = ReqToTokenPool(size=num_requests, max_context_len=MAX_CONTEXT, device="cpu",
+                                           enable_memory_saver=False)
+            self.kv_pool = MLATokenToKVPool(
+                size=kv["size"], page_size=1, dtype=dtype, kv_lora_rank=latent[0].kv_lora_rank,
+                qk_rope_head_dim=latent[0].rope_dim, layer_num=len(layers), device="cpu", enable_memory_saver=False,
+            )
         else:
             from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 

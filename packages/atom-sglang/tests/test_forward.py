@@ -57,8 +57,17 @@ def test_prefill_and_decode_match_transformers(arch, cpu_runtime, tiny_checkpoin
         with pytest.raises(UnsupportedConfigError, match=r"attention sinks .* TorchNativeAttnBackend does not apply"):
             SGLangCPUBatch(model, len(PROMPTS)).step({0: PROMPTS[0]})
         return
-    ref_tokens, ref_logits = reference(arch, path)
+    batch = check_against_transformers(arch, path, model)
+    if batch.hybrid:  # each request's state lives in its own slot; SGLang's padding slot 0 is untouched
+        for state in model.atom_host.linear_attention_states:
+            ssm = batch.req_pool.mamba2_layer_cache(state.layer_id).temporal
+            assert not ssm[0].any() and all(ssm[slot].any() for slot in batch.mamba_slots)
 
+
+def check_against_transformers(arch: str, path: str, model) -> SGLangCPUBatch:
+    """Chunked prefill of :data:`PROMPTS`, then greedy decode, through SGLang's CPU forward path: next-token
+    logits within :data:`ATOL` of transformers at every step and the same tokens.  The batch is returned."""
+    ref_tokens, ref_logits = reference(arch, path)
     batch = SGLangCPUBatch(model, len(PROMPTS))
     first = batch.step({0: PROMPTS[0], 1: PROMPTS[1], 2: PROMPTS[2][:FIRST_CHUNK]})
     rest = batch.step({2: PROMPTS[2][FIRST_CHUNK:]})  # extend_prefix_lens > 0
@@ -75,10 +84,7 @@ def test_prefill_and_decode_match_transformers(arch, cpu_runtime, tiny_checkpoin
             logits = batch.step({b: [t] for b, t in enumerate(next_tokens)})
     assert generated == ref_tokens
     assert model.atom_host.forward_batch is None, "the ForwardBatch must not outlive the forward"
-    if batch.hybrid:  # each request's state lives in its own slot; SGLang's padding slot 0 is untouched
-        for state in model.atom_host.linear_attention_states:
-            ssm = batch.req_pool.mamba2_layer_cache(state.layer_id).temporal
-            assert not ssm[0].any() and all(ssm[slot].any() for slot in batch.mamba_slots)
+    return batch
 
 
 class RecordingLM(CausalLM):

@@ -1,5 +1,5 @@
 """SGLang resolves every catalog architecture to ATOM's class (or, for one atom-sglang cannot serve yet, to
-the class that refuses it with an error: there is none in the catalog today).
+the class that refuses it with an error: there is none in the catalog today, DeepSeek-V3 included).
 
 The checks run in one fresh interpreter with SGLANG_EXTERNAL_MODEL_PACKAGE set, because SGLang reads
 the variable once, when ``sglang.srt.models.registry`` is first imported.  The module of each resolved
@@ -37,7 +37,8 @@ for arch, path in checkpoints.items():
     bases = [b.__module__ + "." + b.__name__ for b in cls.__mro__[1:] if b.__module__.startswith("atom_")]
     out["model_config"][arch] = [cls.__module__, cls.__name__, resolved, bases]
     out["kind"][arch] = {"hybrid-linear-attention": hybrid_gdn_config(model_config) is not None,
-                         "multimodal": bool(model_config.is_multimodal), "mrope": bool(model_config.model_is_mrope)}
+                         "multimodal": bool(model_config.is_multimodal), "mrope": bool(model_config.model_is_mrope),
+                         "latent-attention": model_config.attention_arch.name == "MLA"}
 out["strict"] = {name: cls.__module__ for name, cls in import_model_classes(package, strict=True).items()}
 print(json.dumps(out))
 """
@@ -70,7 +71,7 @@ def test_model_config_path_resolves_to_atom(resolution, tiny_checkpoints):
 
 def test_sglang_sees_each_architectures_kind(resolution):
     """What SGLang decides from the config alone matches the catalog: a hybrid GDN model (state pool, hybrid
-    backend), a multimodal model (processor, mm inputs), MRoPE positions."""
+    backend), a multimodal model (processor, mm inputs), MRoPE positions, latent attention (its MLA KV pool)."""
     for arch, kind in resolution["kind"].items():
         caps = catalog.get(arch).capabilities
         assert kind == {name: name in caps for name in kind}, (arch, kind)

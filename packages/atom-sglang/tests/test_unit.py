@@ -120,6 +120,7 @@ def test_every_catalog_architecture_is_served_or_refused(monkeypatch, caplog):
     lacking = {name for name in catalog.ARCHITECTURES if capabilities.missing(catalog.get(name))}
     assert staged.name in lacking and broken.name not in lacking
     assert refused == lacking | {broken.name}
+    assert "DeepseekV3ForCausalLM" not in refused  # latent attention is served (atom_sglang.latent)
     for name, match in ((staged.name, "PPProxyTensors"), (broken.name, "lacks \\['embed_multimodal'\\]")):
         assert classes[name].__module__ == __name__
         with pytest.raises(ValueError, match=f"atom-sglang does not serve {name}: .*{match}.*SGLANG_EXTERNAL_MODEL_PACKAGE"):

@@ -50,10 +50,11 @@ EXTENSIONS: dict[str, Extension] = {
         mixin="atom_sglang.multimodal:SGLangMultimodal",
     ),
     MLA: Extension(
-        "SGLangHost.attention(mla=...): a RadixAttention over the latent cache (one kv head of kv_lora_rank + "
-        "qk_rope_head_dim, v_head_dim kv_lora_rank) with W_UK absorbed into the query and W_UV after it, and SGLang "
-        "sizing its MLA KV pool from the config (it must see use_mla for the architecture)",
-        implemented=False,
+        "SGLangHost.attention(mla=...) (atom_sglang.latent): a RadixAttention over SGLang's latent KV pool (one kv "
+        "head of kv_lora_rank + qk_rope_head_dim, v_head_dim kv_lora_rank) with W_UK absorbed into the query and "
+        "W_UV after it on every step (split from atom-core's kv_b_proj after loading), SGLang sizing that pool from "
+        "the config (its ModelConfig lists the architecture as MLA); attention backends torch_native and triton, "
+        "no decode context parallelism"
     ),
     "pipeline-parallel": Extension(
         "models built for a [start_layer, end_layer) slice with start_layer/end_layer attributes, PPProxyTensors "

@@ -24,6 +24,8 @@ this adapter (a new floor or ceiling must revisit them):
           ``ForwardBatch.logical_forward_mode`` (0.5.22/0.5.23: a decode batch relabelled as a one-token
           extend for data-parallel attention).  Not read: data-parallel attention is refused, so the two
           modes agree.
+          ``KVWriteLoc.for_batch`` (the pool's write location of a batch).  Not used: latent attention
+          hands the cache row to ``RadixAttention`` and the backend writes SGLang's pool.
 """
 
 from __future__ import annotations
@@ -167,10 +169,19 @@ CONTRACT: tuple[Symbol, ...] = (
            used_by="SGLang's processor choice by architecture name (tested)"),
     Symbol("sglang.srt.runtime_context:get_exec", (), used_by="compat.unsupported_linear_attention_settings"),
     Symbol("sglang.srt.runtime_context:get_spec", (), used_by="compat.unsupported_linear_attention_settings"),
+    # latent attention (latent.py): the absorbed form on one RadixAttention over SGLang's MLA pool
+    Symbol("sglang.srt.layers.radix_attention:RadixAttention.__init__",
+           ("self", "num_heads", "head_dim", "scaling", "num_kv_heads", "layer_id", "v_head_dim", "quant_config",
+            "prefix"), used_by="latent.SGLangLatentAttention"),
+    Symbol("sglang.srt.mem_cache.memory_pool:MLATokenToKVPool.__init__",
+           ("self", "size", "page_size", "dtype", "kv_lora_rank", "qk_rope_head_dim", "layer_num", "device",
+            "enable_memory_saver"), used_by="SGLang's latent KV pool for DeepseekV3ForCausalLM (test_forward builds it)"),
+    Symbol("sglang.srt.configs.model_config:AttentionArch.MLA",
+           used_by="SGLang's ModelConfig choosing the latent pool from the architecture (test_registry)"),
 )
 
 # What the parallel context must report for ATOM's layers to shard correctly.
-PARALLEL_FIELDS = ("tp_size", "tp_group", "pp_size", "attn_tp_size")
+PARALLEL_FIELDS = ("tp_size", "tp_group", "pp_size", "attn_tp_size", "attn_dcp_size")
 
 
 # ---------------------------------------------------------------------------------------- accessors
@@ -211,6 +222,15 @@ def unsupported_parallelism() -> str | None:
             f"attention data/context parallelism (attention TP {par.attn_tp_size} != TP {par.tp_size}, e.g. "
             "--enable-dp-attention) is not supported by ATOM models"
         )
+    return None
+
+
+def unsupported_latent_attention() -> str | None:
+    """Why the running SGLang's parallel layout cannot host ATOM's latent attention (None when it can)."""
+    dcp = parallel().attn_dcp_size
+    if dcp > 1:
+        return (f"decode context parallelism (--dcp-size {dcp}) splits SGLang's latent KV pool, which atom-sglang's "
+                "latent attention does not handle; run without it")
     return None
 
 

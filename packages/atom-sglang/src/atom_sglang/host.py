@@ -1,7 +1,8 @@
 """The SGLang host: what an ATOM model gets when SGLang builds it.
 
 * ``attention`` -> SGLang's :class:`RadixAttention` (its KV cache, its attention backend), wrapped so the
-  model calls it as ``attn(q, k, v)``;
+  model calls it as ``attn(q, k, v)``; latent attention (``mla=``) gets one in the absorbed form over SGLang's
+  latent KV pool (:mod:`atom_sglang.latent`);
 * ``linear_attention_state`` -> the layer's slots in SGLang's mamba state pool (hybrid models; see
   :mod:`atom_sglang.linear_attention`);
 * ``tp`` -> SGLang's tensor-parallel group;
@@ -23,6 +24,7 @@ from torch import nn
 
 from atom_core.errors import UnsupportedConfigError
 from atom_sglang import compat
+from atom_sglang.latent import SGLangLatentAttention, latent_attention
 from atom_sglang.linear_attention import SGLangLinearAttentionState
 
 
@@ -102,13 +104,16 @@ class SGLangHost:
         self.tp = tp if tp is not None else SGLangTP(compat.tp_group())
         self.quant = quant
         self.forward_batch: Any = None  # published by the wrapper around each forward
-        self.attention_layers: list[SGLangAttention] = []
+        self.attention_layers: list[SGLangAttention | SGLangLatentAttention] = []
         self.linear_attention_states: list[SGLangLinearAttentionState] = []
 
     def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
         if mla is not None:
-            raise UnsupportedConfigError(f"{prefix}: MLA attention is not available in atom-sglang yet")
+            layer = latent_attention(self, prefix, layer_id, num_heads, scale, mla, sliding_window=sliding_window,
+                                     sinks=sinks)
+            self.attention_layers.append(layer)
+            return layer
         radix = compat.radix_attention_class()(
             num_heads, head_dim, scale,
             num_kv_heads=num_kv_heads,
