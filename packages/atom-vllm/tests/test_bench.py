@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from atom_vllm.bench import compare_agreement, kernel_table, main, summarize
+from atom_vllm import bench
+from atom_vllm.bench import compare_agreement, kernel_table, main, reference_scores, summarize
 
 
 def test_summarize_states_median_and_spread():
@@ -28,6 +29,70 @@ def test_agreement_counts_divergence_and_compares_logprobs_only_on_shared_tokens
     assert abs(got["prompt_logprob_max_abs_diff"] - 0.2) < 1e-9
     # output log-probabilities of the first prompt (3 tokens) and the second's first token only
     assert abs(got["output_logprob_mean_abs_diff"] - 0.5 / 4) < 1e-9
+
+
+def test_reference_scores_say_which_implementation_follows_transformers(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from atom_core.tiny import make_tiny
+
+    model_dir = make_tiny("Qwen3ForCausalLM", tmp_path / "ckpt")
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    prompts = [[5, 9, 13, 2], [7, 3, 11]]
+    exact, wrong = [], []
+    for prompt in prompts:  # transformers' own greedy continuation, then the same with its second token replaced
+        ids = list(prompt)
+        for _ in range(3):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0], -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+        n = len(prompt) - 1
+        exact.append({"tokens": ids[len(prompt):], "prompt_logprobs": logp[:n].tolist(), "logprobs": logp[n:].tolist()})
+        swapped = ids[len(prompt):]
+        swapped[1] = (swapped[1] + 1) % 64
+        wrong.append({**exact[-1], "tokens": swapped})
+    got = reference_scores(model_dir, prompts, {"exact": exact, "wrong": wrong}, device="cpu")
+    assert got["exact"]["output_regret_max"] == 0.0 and got["exact"]["output_reference_greedy"] == 1.0
+    assert got["exact"]["prompt_logprob_max_abs_diff"] < 1e-5 and got["exact"]["output_logprob_mean_abs_diff"] < 1e-5
+    assert got["wrong"]["output_regret_max"] > 0.0 and got["wrong"]["output_reference_greedy"] < 1.0
+    assert got["wrong"]["prompt_logprob_max_abs_diff"] < 1e-5  # the prompts are scored alike
+
+
+class FakeEngine:
+    """Stands in for an engine subprocess: fixed agreement outputs, a timed run takes ``batch`` ms, and the
+    run at ``fail_batch`` raises as a cut-off run would."""
+
+    fail_batch = None
+
+    def __init__(self, impl, job, workdir):
+        self.impl, self.ready = impl, {"module": f"{impl}.models", "startup_s": 1.0}
+
+    def request(self, op, **kw):
+        if op == "agreement":
+            return [{"tokens": [1, 2], "logprobs": [-1.0, -1.0], "prompt_logprobs": [-2.0]}]
+        if kw["batch"] == self.fail_batch:
+            raise RuntimeError("engine gone")
+        return kw["batch"] / 1000 * (1 if kw["max_tokens"] == 1 else 4)
+
+    def close(self):
+        pass
+
+
+def test_compare_saves_each_step_and_keeps_what_a_cut_off_run_measured(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "EngineProcess", FakeEngine)
+    monkeypatch.setattr(FakeEngine, "fail_batch", 8)
+    args = bench.argparse.Namespace(max_num_batched_tokens=64, gpu_memory_utilization=0.4, profile=False,
+                                    traces_out=None, reference=False, prompt_len=4, output_len=5, repeats=2)
+    saved = []
+    entry = {"model": "m"}
+    with pytest.raises(RuntimeError, match="engine gone"):
+        bench.compare(entry, tmp_path / "ckpt", ["vllm", "atom"], [2, 8], args, {}, [[5, 6]],
+                      lambda: saved.append(json.loads(json.dumps(entry))))
+    # one engine up, both up, agreement, batch 2 timed; batch 8 never finished
+    assert [sorted(s["impls"]) for s in saved] == [["vllm"], ["atom", "vllm"], ["atom", "vllm"], ["atom", "vllm"]]
+    assert saved[2]["agreement"]["identical_greedy"] == 1
+    assert list(entry["impls"]["atom"]["batches"]) == ["2"]
+    assert entry["impls"]["vllm"]["batches"]["2"]["output_tok_per_s"]["samples"] == [2 * 5 / 0.008] * 2
 
 
 def test_kernel_table_sums_gpu_time_per_kernel(tmp_path):

@@ -41,9 +41,26 @@ SHAPES = {
                                  linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
                                  linear_conv_kernel_dim=4, partial_rotary_factor=0.25, rope_theta=10_000_000.0,
                                  vocab_size=151936, max_position_embeddings=262144),  # Qwen3-Next-80B-A3B
+    "DeepseekV3ForCausalLM": dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                                  n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, n_group=8,
+                                  topk_group=4, routed_scaling_factor=2.5, first_k_dense_replace=1,
+                                  num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+                                  qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, head_dim=64,
+                                  vocab_size=129280, max_position_embeddings=163840, tie_word_embeddings=False,
+                                  rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                                                   "original_max_position_embeddings": 4096, "beta_fast": 32,
+                                                   "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),  # V3 / R1
+    "GptOssForCausalLM": dict(hidden_size=2880, intermediate_size=2880, num_local_experts=128, num_experts_per_tok=4,
+                              num_attention_heads=64, num_key_value_heads=8, head_dim=64, sliding_window=128,
+                              vocab_size=201088, max_position_embeddings=131072, tie_word_embeddings=False,
+                              rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                               "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                                               "beta_slow": 1.0, "truncate": False}),  # gpt-oss-120b
 }
-# Hybrid layer schedules of the real models (every 4th layer full attention), cut to the bench's layer count.
-LAYER_TYPES = {"Qwen3NextForCausalLM": ["linear_attention"] * 3 + ["full_attention"]}
+# Layer schedules of the real models (Qwen3-Next: every 4th layer full attention; gpt-oss: sliding and full
+# attention alternating), cut to the bench's layer count.
+LAYER_TYPES = {"Qwen3NextForCausalLM": ["linear_attention"] * 3 + ["full_attention"],
+               "GptOssForCausalLM": ["sliding_attention", "full_attention"]}
 
 
 def _sync(device: str) -> None:

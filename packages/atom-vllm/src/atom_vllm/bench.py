@@ -46,6 +46,8 @@ MODELS: dict[str, tuple[str, int]] = {
     "llama3-8b": ("LlamaForCausalLM", 8),
     "mixtral-8x7b": ("MixtralForCausalLM", 4),
     "qwen3-next-80b-a3b": ("Qwen3NextForCausalLM", 4),
+    "deepseek-v3": ("DeepseekV3ForCausalLM", 2),  # one dense layer, one with 256 experts
+    "gpt-oss-120b": ("GptOssForCausalLM", 2),  # one sliding-window layer, one full
 }
 # Engine arguments a model needs, given to both implementations.  vLLM's own Qwen3-Next takes FlashInfer's
 # JIT-compiled GDN prefill on Hopper by default; the Triton (flash-linear-attention) one needs no compiler
@@ -64,6 +66,12 @@ def random_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[
 
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(10, vocab, (count, length), generator=gen).tolist()
+
+
+def agreement_prompts(model_dir: Path) -> list[list[int]]:
+    """The fixed prompt set of a random-weight checkpoint: random tokens, lengths 16 to 211."""
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    return [p[: 16 + 13 * i] for i, p in enumerate(random_prompts(vocab, AGREEMENT_PROMPTS, 256, seed=1))]
 
 
 # ---- one engine (a subprocess per implementation, alive for the whole comparison) -------------------------------
@@ -108,9 +116,7 @@ class Engine:
         return {"module": self.module, "startup_s": self.startup_s}
 
     def agreement(self) -> list[dict]:
-        fixed = self.job.get("agreement_prompts") or [
-            p[: 16 + 13 * i] for i, p in enumerate(random_prompts(self.vocab, AGREEMENT_PROMPTS, 256, seed=1))]
-        results, _ = self.generate(fixed, AGREEMENT_TOKENS, logprobs=0, prompt_logprobs=0)
+        results, _ = self.generate(self.job["agreement_prompts"], AGREEMENT_TOKENS, logprobs=0, prompt_logprobs=0)
         return [{
             "tokens": list(r.outputs[0].token_ids),
             "logprobs": [next(iter(d.values())).logprob for d in r.outputs[0].logprobs],
@@ -218,6 +224,43 @@ def compare_agreement(ref: list[dict], other: list[dict]) -> dict:
             "output_logprob_mean_abs_diff": statistics.mean(out_delta) if out_delta else None}
 
 
+def reference_scores(model_dir: Path, prompts: list[list[int]], agreement: dict[str, list[dict]],
+                     device: str = "cuda") -> dict:
+    """transformers in float32 (the checkpoint's weights, upcast) scores each prompt followed by each
+    implementation's greedy output, on the GPU after the engines have exited.  Per implementation: how far its
+    prompt and output log-probabilities are from the reference's, and the reference's regret of its greedy
+    choices (reference max log-prob minus the reference log-prob of the chosen token, given the same prefix; 0
+    when the reference would have chosen it too).  When the implementations disagree, this says which is right."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # straight onto the GPU (device_map; the GPU machine has accelerate): a real-shape float32 copy is tens of GB
+    placement = {"device_map": device} if device != "cpu" else {}
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **placement).eval()
+    scores = {}
+    with torch.inference_mode():
+        for impl, outputs in agreement.items():
+            prompt_delta, output_delta, regret = [], [], []
+            for prompt, out in zip(prompts, outputs):
+                ids = prompt + out["tokens"]
+                logp = torch.log_softmax(model(torch.tensor([ids], device=device)).logits[0].float(), dim=-1)
+                chosen = logp[:-1].gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]
+                best = logp[:-1].max(dim=-1).values
+                n = len(prompt) - 1  # chosen[:n] scores prompt tokens 1.., chosen[n:] the output tokens
+                prompt_delta += (chosen[:n].cpu() - torch.tensor(out["prompt_logprobs"])).abs().tolist()
+                output_delta += (chosen[n:].cpu() - torch.tensor(out["logprobs"])).abs().tolist()
+                regret += (best[n:] - chosen[n:]).tolist()
+            scores[impl] = {"prompt_logprob_mean_abs_diff": statistics.mean(prompt_delta),
+                            "prompt_logprob_max_abs_diff": max(prompt_delta),
+                            "output_logprob_mean_abs_diff": statistics.mean(output_delta),
+                            "output_regret_mean": statistics.mean(regret), "output_regret_max": max(regret),
+                            "output_reference_greedy": sum(r == 0.0 for r in regret) / len(regret)}
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {"reference": "transformers float32", **scores}
+
+
 def summarize(runs: list[dict], batch: int, output_len: int) -> dict:
     mine = [r for r in runs if r["batch"] == batch]
     tput = [batch * output_len / r["total_s"] for r in mine]
@@ -282,42 +325,49 @@ def timed_runs(engines: list[EngineProcess], batches: list[int], args: argparse.
 
 
 def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], args: argparse.Namespace,
-            engine_args: dict, agreement_prompts: list[list[int]] | None = None) -> dict:
+            engine_args: dict, prompts: list[list[int]], save) -> dict:
     """Start one engine per implementation on ``model_dir``, all alive at once (each given an equal share of
     GPU memory), and time them against each other; ``entry`` gains per-implementation results and the
-    agreement of ATOM's with vLLM's."""
+    agreement of ATOM's with vLLM's.  ``save()`` is called each time ``entry`` grows (an engine up, agreement,
+    a batch size timed), so a run cut short by a time limit keeps what it measured."""
     workdir = model_dir.parent
     engines: list[EngineProcess] = []
     profile_dirs: dict[str, Path] = {}
+    entry["impls"] = {}
     try:
         for impl in impls:  # one at a time: each engine's memory profiling must see the other's memory settled
             profile_dirs[impl] = workdir / f"profile-{model_dir.name}-{impl}"
             job = {"model_dir": str(model_dir), "max_num_batched_tokens": args.max_num_batched_tokens,
                    "gpu_memory_utilization": args.gpu_memory_utilization, "engine_args": engine_args,
-                   "agreement_prompts": agreement_prompts,
+                   "agreement_prompts": prompts,
                    "profile_dir": str(profile_dirs[impl]) if args.profile else None}
-            engines.append(EngineProcess(impl, job, workdir))
+            engine = EngineProcess(impl, job, workdir)
+            engines.append(engine)
+            entry["impls"][impl] = {"module": engine.ready["module"], "startup_s": round(engine.ready["startup_s"], 1),
+                                    "batches": {}}
+            save()
         agreement = {e.impl: e.request("agreement") for e in engines}
-        runs = timed_runs(engines, batches, args)
+        if "vllm" in agreement and "atom" in agreement:
+            entry["agreement"] = compare_agreement(agreement["vllm"], agreement["atom"])
+            save()
+        for batch in batches:
+            for impl, runs in timed_runs(engines, [batch], args).items():
+                entry["impls"][impl]["batches"][str(batch)] = summarize(runs, batch, args.output_len)
+            save()
         profiled = {e.impl: e.request("profiled", batch=batches[0]) for e in engines} if args.profile else {}
     finally:
         for engine in engines:
             engine.close()
-    entry["impls"] = {}
-    for engine in engines:
-        impl = engine.impl
-        result = {"module": engine.ready["module"], "startup_s": round(engine.ready["startup_s"], 1),
-                  "batches": {str(b): summarize(runs[impl], b, args.output_len) for b in batches}}
-        if args.profile:
-            if args.traces_out:
-                shutil.copytree(profile_dirs[impl], Path(args.traces_out) / f"{entry['model']}-{profile_dirs[impl].name}",
-                                dirs_exist_ok=True)
-            result["kernels"] = {"batch": batches[0], "prompt_len": PROFILE_PROMPT_LEN,
-                                 "output_len": PROFILE_OUTPUT_LEN, "wall_us": round(profiled[impl] * 1e6, 1),
-                                 **kernel_table(profile_dirs[impl])}
-        entry["impls"][impl] = result
-    if "vllm" in agreement and "atom" in agreement:
-        entry["agreement"] = compare_agreement(agreement["vllm"], agreement["atom"])
+    for impl in profiled:
+        if args.traces_out:
+            shutil.copytree(profile_dirs[impl], Path(args.traces_out) / f"{entry['model']}-{profile_dirs[impl].name}",
+                            dirs_exist_ok=True)
+        entry["impls"][impl]["kernels"] = {"batch": batches[0], "prompt_len": PROFILE_PROMPT_LEN,
+                                           "output_len": PROFILE_OUTPUT_LEN, "wall_us": round(profiled[impl] * 1e6, 1),
+                                           **kernel_table(profile_dirs[impl])}
+    if args.reference:
+        entry["against_reference"] = reference_scores(model_dir, prompts, agreement)
+    save()
     return entry
 
 
@@ -335,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--profile", action="store_true", help="kernel times of the first batch size")
+    parser.add_argument("--reference", action="store_true",
+                        help="also score every implementation's agreement outputs with transformers in float32")
     parser.add_argument("--traces-out", default=None, help="keep the profiler traces in this directory")
     parser.add_argument("--workdir", default=None, help="where checkpoints go (default: a temporary directory)")
     parser.add_argument("--out", required=False)
@@ -374,21 +426,26 @@ def main(argv: list[str] | None = None) -> int:
                            "engine": "LLM.generate, vLLM defaults (CUDA graphs + torch.compile), ignore_eos",
                            "protocol": "engines alive together, timed runs alternated, order swapped every repeat"},
               "models": []}
+
+    def save() -> None:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for name in names:
             arch, layers = MODELS[name]
             layers = args.layers or layers
             for fmt, model_dir in model_checkpoints(arch, layers, formats, Path(tmp) / name):
                 entry = {"model": name, "arch": arch, "layers": layers, "format": fmt}
-                report["models"].append(compare(entry, model_dir, impls, batches, args, ENGINE_ARGS.get(name, {})))
-                Path(args.out).write_text(json.dumps(report, indent=1))
+                report["models"].append(entry)
+                compare(entry, model_dir, impls, batches, args, ENGINE_ARGS.get(name, {}), agreement_prompts(model_dir),
+                        save)
+            shutil.rmtree(Path(tmp) / name)  # a real-shape checkpoint takes tens of GB: one model's on disk at a time
         for name, model_dir in real.items():
             config = json.loads((Path(model_dir) / "config.json").read_text())
             entry = {"model": name, "arch": config["architectures"][0], "layers": config["num_hidden_layers"],
                      "format": "real weights"}
-            prompts = text_prompts(Path(model_dir))
-            report["models"].append(compare(entry, Path(model_dir), impls, batches, args, {}, prompts))
-            Path(args.out).write_text(json.dumps(report, indent=1))
+            report["models"].append(entry)
+            compare(entry, Path(model_dir), impls, batches, args, {}, text_prompts(Path(model_dir)), save)
     print_table(report)
     return 0
 
@@ -409,6 +466,8 @@ def print_table(report: dict) -> None:
                       f"(kernels summed {k['total_us'] / 1e3:.1f} ms), host calls {k['host_calls']}")
         if "agreement" in entry:
             print(f"{label}: agreement {entry['agreement']}")
+        if "against_reference" in entry:
+            print(f"{label}: against {entry['against_reference']}")
         if {"vllm", "atom"} <= set(entry["impls"]):
             ratios = [entry["impls"]["atom"]["batches"][b]["output_tok_per_s"]["median"]
                       / entry["impls"]["vllm"]["batches"][b]["output_tok_per_s"]["median"]
