@@ -191,7 +191,61 @@ def h200_table(pins: dict) -> str:
                     out.append(f"| MXFP4 small-M GEMM {what} | M={m}, {label} | {_us(row['us'])} | bf16 cuBLAS "
                                f"{_us(peer)} (same predecessor) | {_us(row['floor_us'])} | "
                                f"{row['us'] / row['floor_us']:.2f} |")
+    out += _attention_rows() + _mla_rows() + _gpt_oss_moe_rows()
+    if out:
+        dates = {suite: _latest_rows(suite)[0].get("date") for suite in SUITE_LABELS}
+        out += ["", "Each suite's rows come from the newest run holding it: " + ", ".join(
+            f"{label} {dates[suite]}" for suite, label in SUITE_LABELS.items() if dates[suite]) + "."]
     return "\n".join(out) if out else "_No H200 results committed yet._"
+
+
+SUITE_LABELS = {"dense": "dense ops", "moe": "fused MoE", "gdn": "GDN", "mrope": "MRoPE", "quant": "quantized GEMMs",
+                "mxfp4": "MXFP4 small-M", "attention": "paged attention", "mla": "MLA decode",
+                "moe_gpt_oss": "gpt-oss MoE"}
+
+
+def _attention_rows() -> list[str]:
+    _, rows = _latest_rows("attention")
+    out = []
+    for row in rows:
+        if not isinstance(row.get("atom_us"), float):
+            continue
+        peers = ", ".join(f"{label} {_us(row[f'{impl}_us'])}" for impl, label in
+                          (("fa3", "FA3 (vLLM)"), ("vllm_triton", "vLLM Triton"), ("sdpa", "SDPA"))
+                          if isinstance(row.get(f"{impl}_us"), float))
+        shape = (f"B={row['batch']}, context {row['context']}" if row["phase"] == "decode" else
+                 f"{row['batch']} x {row['new_tokens']} new, context {row['context']}")
+        out.append(f"| paged attention {row['phase']} | {shape}, 32/8 heads of 128, bf16 | {_us(row['atom_us'])} | "
+                   f"{peers} | {_us(row['floor_us'])} | {row['atom_us'] / row['floor_us']:.2f} |")
+    return out
+
+
+def _mla_rows() -> list[str]:
+    """MLA decode over the paged latent cache; the floor is the larger of the bytes floor and the FLOPs floor
+    (QK over 576 and PV over 512 latent columns per head and context token)."""
+    ctx, rows = _latest_rows("mla")
+    out = []
+    for heads, batch, context in ((128, 1, 8192), (128, 64, 8192), (16, 64, 8192), (16, 16, 32768)):
+        atom = _pick(rows, heads=heads, batch=batch, context=context, impl="atom-triton")
+        if atom:
+            ref = _time(rows, heads=heads, batch=batch, context=context, impl="torch-reference")
+            flops_us = 2 * batch * heads * context * (576 + 512) / ctx["bf16_flops_per_s"] * 1e6
+            floor = max(atom["floor_us"], flops_us)
+            out.append(f"| MLA decode | {heads} heads, B={batch}, context {context}, latent 512 + rope 64 | "
+                       f"{_us(atom['us'])} | torch reference {_us(ref)} | {_us(floor)} | {atom['us'] / floor:.2f} |")
+    return out
+
+
+def _gpt_oss_moe_rows() -> list[str]:
+    _, rows = _latest_rows("moe_gpt_oss")
+    out = []
+    for tokens in (1, 16, 64, 256, 4096):
+        mx = _pick(rows, op="fused_moe", case="gpt-oss-120b", tokens=tokens, impl="atom-triton mxfp4")
+        bf16 = _time(rows, op="fused_moe", case="gpt-oss-120b", tokens=tokens, impl="atom-triton bf16")
+        if mx:
+            out.append(f"| fused MoE, MXFP4 experts | gpt-oss-120b E=128 top-4 H=I=2880, T={tokens} | {_us(mx['us'])} | "
+                       f"same kernel, bf16 experts {_us(bf16)} | {_us(mx['floor_us'])} | {mx['x_floor']:.2f} |")
+    return out
 
 
 def _e2e_runs() -> list[tuple[str, dict]]:
