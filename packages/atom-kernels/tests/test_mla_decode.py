@@ -146,8 +146,16 @@ def test_bench_suite_runs(device, monkeypatch):
     monkeypatch.setattr(suite, "PAGE", 16)
     monkeypatch.setattr(suite, "REFERENCE_MAX_TOKENS", 100)
     monkeypatch.setattr(suite.timing, "measure", lambda fn, **kw: (fn(), {"us": 1.0, "graph": False})[1])
+
+    def missing_peer(inputs):
+        raise ImportError("no vllm here")
+
+    # peers: the reference standing in for a working one, and one that cannot be imported
+    monkeypatch.setattr(suite, "PEERS", {"peer": lambda inputs: suite.mla_reference.mla_decode, "gone": missing_peer})
     rows = suite.run({"device": str(device), "copy_bytes_per_s": 4e12})
     assert [(r["context"], r["impl"]) for r in rows] == [
-        (40, "atom-triton"), (40, "torch-reference"), (300, "torch-reference"), (300, "atom-triton")]
-    assert rows[0]["rel_err"] < 2e-2 and all("error" not in r for r in rows)
-    assert rows[2]["skipped"] and rows[3]["floor_us"] > 0
+        (40, "gone"), (40, "atom-triton"), (40, "torch-reference"), (40, "peer"),
+        (300, "torch-reference"), (300, "gone"), (300, "atom-triton"), (300, "peer")]
+    assert rows[1]["rel_err"] < 2e-2 and rows[1]["peer_rel_err_to_atom"] < 2e-2
+    assert rows[0]["error"] == "ImportError: no vllm here" and all("error" not in r for r in rows if r["impl"] != "gone")
+    assert rows[4]["skipped"] and rows[6]["floor_us"] > 0
