@@ -191,17 +191,32 @@ def demo(session: nox.Session) -> None:
     session.run("python", "-m", "atom_vllm.demo", str(model), "--max-new-tokens", "16", "--against-own", env=vllm_env)
 
 
+def host_bundle(session: nox.Session, host: str) -> None:
+    """ATOM's wheels for ``host`` (atom-kernels, atom-core, atom-HOST), then `ci/host_bundle.py build --host HOST`
+    into parts of <= 58 MiB. Positional: [OUT] [build options]; OUT defaults to $SCRATCH/HOST-bundle."""
+    dist = SCRATCH / f"dist-{host}-bundle"
+    build_wheels(session, dist, ["atom-kernels", "atom-core", f"atom-{host}"])
+    args = list(session.posargs)
+    out = args.pop(0) if args and not args[0].startswith("-") else str(SCRATCH / f"{host}-bundle")
+    session.run("python", str(ROOT / "ci" / "host_bundle.py"), "build", "--host", host, "--out", out,
+                "--atom-wheels", str(dist), *args, env=scratch_env(f"{host}-bundle"))
+
+
 @nox.session(name="vllm-bundle")
 def vllm_bundle(session: nox.Session) -> None:
-    """vLLM for the air-gapped GPU machine: atom-kernels/-core/-vllm wheels, then `ci/vllm_bundle.py build` (vLLM,
-    its import-time wheels from ci/pins.toml [vllm_gpu_bundle], ATOM's wheels) into parts of <= 58 MiB.
-    `nox -s vllm-bundle -- [OUT] [build options, e.g. --wheel-dir DIR --no-moe]`; OUT defaults to $SCRATCH/vllm-bundle."""
-    dist = SCRATCH / "dist-vllm-bundle"
-    build_wheels(session, dist, ["atom-kernels", "atom-core", "atom-vllm"])
-    args = list(session.posargs)
-    out = args.pop(0) if args and not args[0].startswith("-") else str(SCRATCH / "vllm-bundle")
-    session.run("python", str(ROOT / "ci" / "vllm_bundle.py"), "build", "--out", out, "--atom-wheels", str(dist), *args,
-                env=scratch_env("vllm-bundle"))
+    """vLLM for the air-gapped GPU machine: vLLM, its import-time wheels from ci/pins.toml [vllm_gpu_bundle] and
+    ATOM's wheels, in parts of <= 58 MiB (ci/gpu_e2e.sh installs them there).
+    `nox -s vllm-bundle -- [OUT] [build options, e.g. --wheel-dir DIR --without moe]`; OUT defaults to
+    $SCRATCH/vllm-bundle."""
+    host_bundle(session, "vllm")
+
+
+@nox.session(name="sglang-bundle")
+def sglang_bundle(session: nox.Session) -> None:
+    """SGLang for the air-gapped GPU machine: SGLang, sglang-kernel (sm_90 part), the wheels its server start
+    imports (ci/pins.toml [sglang_gpu_bundle]) and ATOM's wheels, in parts of <= 58 MiB (ci/gpu_sglang.sh
+    installs them there). `nox -s sglang-bundle -- [OUT] [build options]`; OUT defaults to $SCRATCH/sglang-bundle."""
+    host_bundle(session, "sglang")
 
 
 @nox.session

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # vLLM end to end on the air-gapped GPU machine (Python 3.12, torch 2.11.0+cu130, no package registry;
 # README "vLLM on an air-gapped GPU machine"). Copy the parts and manifest.json written by
-# `ci/vllm_bundle.py build` (`nox -s vllm-bundle`) into $PARTS_DIR (default: .bundle in this checkout), all
-# at once or one transfer at a time: each run unpacks the parts that have arrived into $BUNDLE_DIR (default
-# /tmp/vllm-bundle; parts already unpacked are skipped) and exits 3 naming the missing ones until all are
-# there; then it runs `python3 -m atom_vllm.bench "$@"`.
+# `ci/host_bundle.py build --host vllm` (`nox -s vllm-bundle`) into $PARTS_DIR (default: .bundle in this
+# checkout), all at once or one transfer at a time: each run unpacks the parts that have arrived into
+# $BUNDLE_DIR (default /tmp/vllm-bundle; parts already unpacked are skipped) and exits 3 naming the missing
+# ones until all are there; then it runs `python3 -m atom_vllm.bench "$@"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 BUNDLE_DIR="${BUNDLE_DIR:-/tmp/vllm-bundle}"
 PARTS_DIR="${PARTS_DIR:-.bundle}"
 rc=0
-out=$("$PY" ci/vllm_bundle.py install --parts "$PARTS_DIR" --target "$BUNDLE_DIR" --require-all) || rc=$?
+out=$("$PY" ci/host_bundle.py install --parts "$PARTS_DIR" --target "$BUNDLE_DIR" --require-all) || rc=$?
 if (( rc == 3 )); then
   echo "gpu_e2e: bundle incomplete: copy the missing parts into $PARTS_DIR and run again" >&2
 fi

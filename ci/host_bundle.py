@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""vLLM for an air-gapped GPU machine: build a bundle of parts here, install the parts there.
+"""A host (vLLM or SGLang) for an air-gapped GPU machine: build a bundle of parts here, install the parts there.
 
-``build`` downloads the vLLM wheel and the small wheels an offline ``LLM(...)`` imports (pinned in
-``ci/pins.toml`` ``[vllm_gpu_bundle]``), leaves out what that machine does not need (FA2, vllm-rs,
-DeepGEMM, sm_100 headers; ``_moe_C`` with ``--no-moe``), and writes the unpacked site tree as xz-compressed
-tar groups packed into parts of at most ``--part-size`` bytes, plus ``manifest.json``. Each part is a
-concatenation of whole ``.tar.xz`` streams (``tar -xJif PART`` reads it too).
+``build --host H`` downloads the host's wheel and the small wheels its start-up imports (pinned in the
+``ci/pins.toml`` table named in ``HOSTS``), leaves out the wheel members that machine does not need (``HOSTS``:
+each pattern with its reason; an optional group only with ``--without GROUP``), and writes the unpacked site
+tree as xz-compressed tar groups packed into parts of at most ``--part-size`` bytes, plus ``manifest.json``.
+Each part is a concatenation of whole ``.tar.xz`` streams (``tar -xJif PART`` reads it too).
 
 ``install`` checks each part that has arrived against the manifest's sha256, unpacks it under
 ``TARGET/site`` (parts already unpacked are skipped) and names the parts still missing. Stdlib only.
@@ -35,18 +35,41 @@ import tomllib
 PINS = Path(__file__).resolve().parent / "pins.toml"
 FORMAT = 1
 SITE = "site"
-STATE = ".vllm-bundle-state.json"
-ATOM_DISTS = ("atom_kernels", "atom_core", "atom_vllm")
+STATE = ".host-bundle-state.json"
 BIG = 4 << 20  # files at least this large (or a quarter of a part) are compressed as a group of their own
-# Members of the vLLM wheel left out, and why (fnmatch patterns; "*" also matches "/").
-PRUNE = [
-    ("vllm/vllm_flash_attn/_vllm_fa2_C*", "FA2: sm_80 code only"),
-    ("vllm/vllm-rs", "Rust front-end binary: not used by LLM(...)"),
-    ("vllm/third_party/deep_gemm/*", "DeepGEMM: headers and per-Python extensions, not on the LLM(...) path"),
-    ("vllm/third_party/fmha_sm100/*", "sm_100 FMHA headers (Blackwell only)"),
-]
 COUNTER = itertools.count()  # names of the compressed groups in the build's temp dir
-MOE = ("vllm/_moe_C*", "vLLM's own MoE kernels (--no-moe)")
+
+# Per host: the ci/pins.toml table (its key named like the host holds the host's version; `wheels` the rest),
+# ATOM's wheels carried beside it, the members left out of every bundled wheel (fnmatch patterns on site
+# paths, "*" also matches "/"; each with its reason), and optional groups, left out with `--without NAME`.
+HOSTS: dict[str, dict] = {
+    "vllm": {
+        "pins": "vllm_gpu_bundle",
+        "atom": ("atom_kernels", "atom_core", "atom_vllm"),
+        "prune": [
+            ("vllm/vllm_flash_attn/_vllm_fa2_C*", "FA2: sm_80 code only"),
+            ("vllm/vllm-rs", "Rust front-end binary: not used by LLM(...)"),
+            ("vllm/third_party/deep_gemm/*", "DeepGEMM: headers and per-Python extensions, not on the LLM(...) path"),
+            ("vllm/third_party/fmha_sm100/*", "sm_100 FMHA headers (Blackwell only)"),
+        ],
+        "optional": {"moe": ("vllm/_moe_C*", "vLLM's own MoE kernels (--without moe)")},
+    },
+    "sglang": {
+        "pins": "sglang_gpu_bundle",
+        "atom": ("atom_kernels", "atom_core", "atom_sglang"),
+        "prune": [
+            ("sgl_kernel/flash_ops.abi3.so", "FA3 for sm_80/86/90 in one 1.1 GB library (its sm_90 code alone: 497 MB, "
+             "119 MB as xz); the Triton attention backend does not load it"),
+            ("sgl_kernel/sm100/*", "common_ops built for sm_100+ (Blackwell); sgl_kernel loads sm90/ on Hopper"),
+            ("sgl_kernel/infllm_ops.cpython-310-*", "InfLLM-V2 attention, a CPython 3.10 extension: cannot load on 3.12"),
+            ("sglang/multimodal_gen/*", "diffusion models (the `sglang generate`/`serve` CLI): launch_server does not "
+             "import it"),
+            ("sglang/srt/grpc/_core*", "native gRPC server, loaded only with --grpc-port"),
+            ("xgrammar/lib/*.a", "static C++ library for linking against xgrammar; Python loads libxgrammar_bindings.so"),
+        ],
+        "optional": {},
+    },
+}
 
 
 class BundleError(Exception):
@@ -76,12 +99,23 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_pins(path: Path = PINS) -> dict:
-    """The ``[vllm_gpu_bundle]`` table of ci/pins.toml: vllm, python, platforms, wheels."""
-    table = tomllib.loads(path.read_text()).get("vllm_gpu_bundle")
+def load_pins(host: str, path: Path = PINS) -> dict:
+    """The host's table of ci/pins.toml: HOST (its version), python, platforms, wheels."""
+    name = HOSTS[host]["pins"]
+    table = tomllib.loads(path.read_text()).get(name)
     if not table:
-        raise BundleError(f"{path} has no [vllm_gpu_bundle] table")
+        raise BundleError(f"{path} has no [{name}] table")
+    if absent := [k for k in (host, "python", "platforms", "wheels") if k not in table]:
+        raise BundleError(f"{path} [{name}] lacks {', '.join(absent)}")
     return table
+
+
+def prune_rules(host: str, without: list[str]) -> list[tuple[str, str]]:
+    """The host's (pattern, reason) pairs, plus those of the optional groups named in ``without``."""
+    optional = HOSTS[host]["optional"]
+    if unknown := sorted(set(without) - set(optional)):
+        raise BundleError(f"--without {', '.join(unknown)}: {host} has optional groups {sorted(optional) or 'none'}")
+    return [*HOSTS[host]["prune"], *(optional[name] for name in without)]
 
 
 def wheel_fits(filename: str, python: str, platforms: list[str]) -> bool:
@@ -120,30 +154,29 @@ def download(requirements: list[str], wheel_dir: Path, python: str, platforms: l
     return wheels
 
 
-def check_exact_pins(vllm_wheel: Path, requirements: list[str]) -> None:
-    """Every ``name==version`` requirement of the vLLM wheel that the bundle carries has that version."""
-    with zipfile.ZipFile(vllm_wheel) as zf:
+def check_exact_pins(host_wheel: Path, requirements: list[str]) -> None:
+    """Every ``name==version`` requirement of the host's wheel that the bundle carries has that version."""
+    with zipfile.ZipFile(host_wheel) as zf:
         meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         text = zf.read(meta).decode()
     ours = {canonical(r.split("==")[0]): r.split("==")[1] for r in requirements}
     for name, version in re.findall(r"^Requires-Dist: ([A-Za-z0-9._-]+)(?:\[[^]]*\])?\s*==\s*([^\s,;]+)", text, re.M):
         if ours.get(canonical(name), version) != version:
-            raise BundleError(f"{vllm_wheel.name} pins {name}=={version}, ci/pins.toml has {ours[canonical(name)]}")
+            raise BundleError(f"{host_wheel.name} pins {name}=={version}, ci/pins.toml has {ours[canonical(name)]}")
 
 
-def prune_reason(path: str, keep_moe: bool) -> str | None:
-    """Why a member of the vLLM wheel is left out (None: kept)."""
-    for pattern, reason in PRUNE + ([] if keep_moe else [MOE]):
+def prune_reason(path: str, rules: list[tuple[str, str]]) -> str | None:
+    """Why a site path is left out (None: kept)."""
+    for pattern, reason in rules:
         if fnmatch.fnmatch(path, pattern):
             return reason
     return None
 
 
-def wheel_members(wheel: Path, keep_moe: bool) -> tuple[list[tuple[str, str, int, int]], list[dict]]:
+def wheel_members(wheel: Path, rules: list[tuple[str, str]]) -> tuple[list[tuple[str, str, int, int]], list[dict]]:
     """``(zip name, site path, size, mode)`` of each file the site tree gets from one wheel, and what is dropped
     (files and bytes per reason). ``*.data/purelib|platlib`` go to the site root; scripts, headers, data do not."""
     kept, dropped = [], {}
-    is_vllm = canonical(wheel.name.split("-")[0]) == "vllm"
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():
             if info.is_dir():
@@ -154,7 +187,7 @@ def wheel_members(wheel: Path, keep_moe: bool) -> tuple[list[tuple[str, str, int
                 path = m[2]
             elif m:
                 reason = f"wheel {m[1]}: not needed on PYTHONPATH"
-            reason = reason or (prune_reason(path, keep_moe) if is_vllm else None)
+            reason = reason or prune_reason(path, rules)
             if reason:
                 entry = dropped.setdefault(reason, {"wheel": wheel.name, "reason": reason, "files": 0, "bytes": 0, "first": path})
                 entry["files"], entry["bytes"] = entry["files"] + 1, entry["bytes"] + info.file_size
@@ -163,12 +196,12 @@ def wheel_members(wheel: Path, keep_moe: bool) -> tuple[list[tuple[str, str, int
     return kept, list(dropped.values())
 
 
-def plan_groups(wheels: list[Path], part_size: int, keep_moe: bool) -> tuple[list[dict], list[dict]]:
+def plan_groups(wheels: list[Path], part_size: int, rules: list[tuple[str, str]]) -> tuple[list[dict], list[dict]]:
     """Compression groups: each big file alone, the other files of a wheel in chunks of at most a part (raw)."""
     big = min(BIG, part_size // 4)
     groups, dropped, seen = [], [], {}
     for wheel in wheels:
-        kept, gone = wheel_members(wheel, keep_moe)
+        kept, gone = wheel_members(wheel, rules)
         dropped += gone
         chunk: list = []
         for zname, path, size, mode in kept:
@@ -227,22 +260,22 @@ def pack(blobs: list[dict], part_size: int) -> list[list[dict]]:
     return parts
 
 
-def atom_wheels(directory: Path) -> list[Path]:
-    """The atom-kernels, atom-core and atom-vllm wheels in ``directory`` (exactly one each)."""
-    hits = {dist: sorted(directory.glob(f"{dist}-*.whl")) for dist in ATOM_DISTS}
+def atom_wheels(directory: Path, dists: tuple[str, ...]) -> list[Path]:
+    """ATOM's wheels for the host (e.g. atom-kernels, atom-core, atom-vllm) in ``directory`` (exactly one each)."""
+    hits = {dist: sorted(directory.glob(f"{dist}-*.whl")) for dist in dists}
     bad = {f"{dist}-*.whl": [p.name for p in found] for dist, found in hits.items() if len(found) != 1}
     if bad:
         raise BundleError(f"expected one wheel for each of these in {directory}, found: {bad}")
     return [found[0] for found in hits.values()]
 
 
-def requirements_of(pins: dict, vllm: str, extra: list[str]) -> list[str]:
-    """``vllm==V`` then the pinned wheels; an ``--extra-wheel`` of a pinned name replaces its pin."""
+def requirements_of(pins: dict, host: str, version: str, extra: list[str]) -> list[str]:
+    """``HOST==V`` then the pinned wheels; an ``--extra-wheel`` of a pinned name replaces its pin."""
     wanted = {canonical(r.split("==")[0]): r for r in [*pins["wheels"], *extra]}
     bad = [r for r in wanted.values() if r.count("==") != 1]
     if bad:
         raise BundleError(f"wheels must be NAME==VERSION: {', '.join(bad)}")
-    return [f"vllm=={vllm}", *wanted.values()]
+    return [f"{host}=={version}", *wanted.values()]
 
 
 def write_parts(blobs: list[dict], out: Path, bundle: str, part_size: int) -> list[dict]:
@@ -261,29 +294,31 @@ def write_parts(blobs: list[dict], out: Path, bundle: str, part_size: int) -> li
 
 def build(args: argparse.Namespace) -> int:
     """Download, prune, compress, pack; write the parts and manifest.json into ``args.out``."""
-    pins = load_pins(args.pins)
-    vllm, python = args.vllm or pins["vllm"], args.python or pins["python"]
-    requirements = requirements_of(pins, vllm, args.extra_wheel)
+    host = args.host
+    without = sorted(set(args.without))
+    pins, rules = load_pins(host, args.pins), prune_rules(host, without)
+    version, python = args.version or pins[host], args.python or pins["python"]
+    requirements = requirements_of(pins, host, version, args.extra_wheel)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     wheels = download(requirements, Path(args.wheel_dir or out / "wheels"), python, pins["platforms"])
     check_exact_pins(wheels[0], requirements)
-    wheels += atom_wheels(Path(args.atom_wheels)) if args.atom_wheels else []
-    groups, dropped = plan_groups(wheels, args.part_size, keep_moe=not args.no_moe)
+    wheels += atom_wheels(Path(args.atom_wheels), HOSTS[host]["atom"]) if args.atom_wheels else []
+    groups, dropped = plan_groups(wheels, args.part_size, rules)
     preset = int(args.xz_preset.rstrip("e")) | (lzma.PRESET_EXTREME if args.xz_preset.endswith("e") else 0)
-    bundle = f"vllm-{vllm}-cp{python.replace('.', '')}"
+    bundle = f"{host}-{version}-cp{python.replace('.', '')}"
     with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp, \
             ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, args.jobs))) as pool:
         jobs = [pool.submit(compress_fitting, g, Path(tmp), args.part_size, preset) for g in groups]
         blobs = [b for job in jobs for b in job.result()]
         for old in out.iterdir():  # the previous build's parts and manifest
-            if old.name == "manifest.json" or re.fullmatch(r"vllm-.*\.part\d+\.tar\.xz", old.name):
+            if old.name == "manifest.json" or re.fullmatch(rf"{host}-.*\.part\d+\.tar\.xz", old.name):
                 old.unlink()
         parts = write_parts(blobs, out, bundle, args.part_size)
     manifest = {
-        "format": FORMAT, "bundle": bundle, "vllm": vllm, "python": python, "platforms": pins["platforms"],
+        "format": FORMAT, "bundle": bundle, "host": host, host: version, "python": python, "platforms": pins["platforms"],
         "id": hashlib.sha256("".join(p["sha256"] for p in parts).encode()).hexdigest()[:16],
-        "part_size": args.part_size, "xz_preset": args.xz_preset, "site": SITE, "parts": parts,
+        "without": without, "part_size": args.part_size, "xz_preset": args.xz_preset, "site": SITE, "parts": parts,
         "wheels": [{"file": w.name, "sha256": sha256_of(w), "size": w.stat().st_size} for w in wheels],
         "dropped": dropped,
     }
@@ -389,14 +424,19 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: ``build`` (here, with PyPI) and ``install`` (on the air-gapped machine)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="download, prune and split vLLM + its import-time wheels into parts")
-    b.add_argument("--vllm", help="vLLM version (default: ci/pins.toml)")
+    b = sub.add_parser("build", help="download, prune and split a host + its import-time wheels into parts")
+    b.add_argument("--host", required=True, choices=sorted(HOSTS), help="whose table in HOSTS and ci/pins.toml")
+    b.add_argument("--version", "--vllm", help="the host's version (default: ci/pins.toml)")
     b.add_argument("--python", help="target Python, e.g. 3.12 (default: ci/pins.toml)")
     b.add_argument("--out", required=True, help="directory for the parts and manifest.json")
     b.add_argument("--part-size", type=parse_size, default=parse_size("58M"), help="58M = 58 MiB, 60MB = 60e6 bytes")
-    b.add_argument("--no-moe", action="store_true", help="leave out _moe_C (vLLM's own MoE classes need it)")
+    b.add_argument("--without", action="append", default=[], metavar="GROUP", help="leave out an optional group: "
+                   + "; ".join(f"{h}: {', '.join(f'{g} ({p})' for g, (p, _) in t['optional'].items())}"
+                               for h, t in HOSTS.items() if t["optional"]))
+    b.add_argument("--no-moe", dest="without", action="append_const", const="moe", help=argparse.SUPPRESS)
     b.add_argument("--extra-wheel", action="append", default=[], metavar="NAME==VER", help="one more wheel")
-    b.add_argument("--atom-wheels", metavar="DIR", help="directory with built atom-kernels/-core/-vllm wheels")
+    b.add_argument("--atom-wheels", metavar="DIR", help="directory with ATOM's built wheels: atom-kernels, atom-core, "
+                   "atom-vllm or atom-sglang")
     b.add_argument("--wheel-dir", help="wheels already downloaded / download cache (default: OUT/wheels)")
     b.add_argument("--xz-preset", default="9e", choices=[f"{i}{e}" for i in range(10) for e in ("", "e")])
     b.add_argument("--jobs", type=int, default=4, help="groups compressed at once (at most the CPU count)")

@@ -1,5 +1,6 @@
-"""ci/vllm_bundle.py on tiny fake wheels (no network): pruning, packing into parts, partial and repeated
-installs, corrupt parts, a file too large for a part, entry points found through the unpacked dist-info."""
+"""ci/host_bundle.py on tiny fake wheels (no network): pruning, packing into parts, partial and repeated
+installs, corrupt parts, a file too large for a part, entry points found through the unpacked dist-info; both
+hosts' tables (vLLM, SGLang) and their ci/pins.toml tables."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "vllm_bundle.py"
-spec = importlib.util.spec_from_file_location("vllm_bundle", SCRIPT)
+SCRIPT = Path(__file__).resolve().parents[1] / "host_bundle.py"
+spec = importlib.util.spec_from_file_location("host_bundle", SCRIPT)
 vb = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(vb)
 
@@ -69,8 +70,8 @@ def wheels(tmp_path: Path) -> dict[str, Path]:
     return {"wheel_dir": wheel_dir, "atom": atom_dir, "pins": pins, "root": tmp_path}
 
 
-def build(w: dict, out: Path, *extra: str, part: int = PART) -> int:
-    return vb.main(["build", "--out", str(out), "--part-size", str(part), "--wheel-dir", str(w["wheel_dir"]),
+def build(w: dict, out: Path, *extra: str, part: int = PART, host: str = "vllm") -> int:
+    return vb.main(["build", "--host", host, "--out", str(out), "--part-size", str(part), "--wheel-dir", str(w["wheel_dir"]),
                     "--pins", str(w["pins"]), "--xz-preset", "1", "--atom-wheels", str(w["atom"]), *extra])
 
 
@@ -103,9 +104,10 @@ def test_build_prunes_and_packs(wheels, tmp_path, capsys):
     if shutil.which("tar"):  # a part is plain concatenated tar.xz streams
         listing = subprocess.run(["tar", "-tJif", str(out / parts[0]["name"])], capture_output=True, text=True, check=True)
         assert listing.stdout.strip()
-    assert build(wheels, out, "--no-moe") == 0  # rebuild into the same dir replaces the old parts
+    assert build(wheels, out, "--without", "moe") == 0  # rebuild into the same dir replaces the old parts
     manifest = json.loads((out / "manifest.json").read_text())
     assert "vllm/_moe_C_stable_libtorch.abi3.so" in {d["first"] for d in manifest["dropped"]}
+    assert manifest["host"] == "vllm" and manifest["vllm"] == "0.26.0" and manifest["without"] == ["moe"]
     assert sorted(p.name for p in out.glob("*.part*")) == sorted(p["name"] for p in manifest["parts"])
 
 
@@ -172,7 +174,7 @@ def test_target_guards(wheels, tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err and (busy / "keep.txt").exists()
     target = tmp_path / "bundle"
     assert install([out], target) == 0
-    assert build(wheels, tmp_path / "other", "--no-moe") == 0
+    assert build(wheels, tmp_path / "other", "--no-moe") == 0  # the old spelling of --without moe
     capsys.readouterr()
     assert install([tmp_path / "other"], target) == 1
     assert "use another --target" in capsys.readouterr().err
@@ -185,3 +187,75 @@ def test_exact_pins_of_the_vllm_wheel_are_checked(wheels, tmp_path, capsys):
     wheels["pins"].write_text(wheels["pins"].read_text().replace("depyf==0.20.0", "depyf==0.19.0"))
     assert build(wheels, tmp_path / "out") == 1
     assert "pins depyf==0.20.0, ci/pins.toml has 0.19.0" in capsys.readouterr().err
+
+
+def test_unknown_optional_group_is_named(wheels, tmp_path, capsys):
+    capsys.readouterr()
+    assert build(wheels, tmp_path / "out", "--without", "fa3") == 1
+    assert "--without fa3: vllm has optional groups ['moe']" in capsys.readouterr().err
+
+
+def test_sglang_host_prunes_its_kernel_wheel(tmp_path, capsys):
+    """The SGLang table: FA3's library, the sm_100 ops and the CPython 3.10 extension are left out of
+    sglang-kernel, SGLang's diffusion package out of sglang; sm90/common_ops and the rest are kept; atom-sglang's
+    plugin entry point travels."""
+    wheel_dir, atom_dir = tmp_path / "wheels", tmp_path / "atom"
+    wheel_dir.mkdir()
+    atom_dir.mkdir()
+    make_wheel(wheel_dir, "sglang", "0.5.17", {"sglang/__init__.py": b"", "sglang/launch_server.py": b"X = 1\n",
+                                                 "sglang/multimodal_gen/runtime.py": b"Y = 2\n"},
+               requires=["sglang-kernel==0.4.5", "transformers==5.12.1", "torch==2.11.0", "fastapi"])
+    make_wheel(wheel_dir, "sglang-kernel", "0.4.5", {
+        "sgl_kernel/__init__.py": b"",
+        "sgl_kernel/flash_ops.abi3.so": os.urandom(30 * KB),
+        "sgl_kernel/sm90/common_ops.abi3.so": os.urandom(20 * KB),
+        "sgl_kernel/sm100/common_ops.abi3.so": os.urandom(20 * KB),
+        "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so": os.urandom(5 * KB),
+        "triton_kernels/__init__.py": b"",
+    })
+    make_wheel(wheel_dir, "transformers", "5.12.1", {"transformers/__init__.py": b""})
+    for dist in ("atom-kernels", "atom-core"):
+        make_wheel(atom_dir, dist, "0.1.0", {f"{vb.canonical(dist)}/__init__.py": b""})
+    make_wheel(atom_dir, "atom-sglang", "0.1.0", {"atom_sglang/__init__.py": b""},
+               entry_points="[sglang.srt.plugins]\natom = atom_sglang.plugin:register\n")
+    make_wheel(atom_dir, "atom-vllm", "0.1.0", {"atom_vllm/__init__.py": b""})  # another host's: not taken
+    pins = tmp_path / "pins.toml"
+    pins.write_text('[sglang_gpu_bundle]\nsglang = "0.5.17"\npython = "3.12"\nplatforms = ["manylinux_2_28_x86_64"]\n'
+                    'wheels = ["sglang-kernel==0.4.5", "transformers==5.12.1"]\n')
+    w = {"wheel_dir": wheel_dir, "atom": atom_dir, "pins": pins}
+    out, target = tmp_path / "out", tmp_path / "bundle"
+    assert build(w, out, host="sglang") == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["bundle"] == "sglang-0.5.17-cp312" and manifest["sglang"] == "0.5.17"
+    assert all(p["name"].startswith("sglang-0.5.17-cp312.part") for p in manifest["parts"])
+    assert {d["first"] for d in manifest["dropped"]} == {
+        "sgl_kernel/flash_ops.abi3.so", "sgl_kernel/sm100/common_ops.abi3.so",
+        "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so", "sglang/multimodal_gen/runtime.py"}
+    assert [w["file"].split("-")[0] for w in manifest["wheels"]] == [
+        "sglang", "sglang_kernel", "transformers", "atom_kernels", "atom_core", "atom_sglang"]
+    assert install([out], target, "--require-all") == 0
+    site = target / "site"
+    assert (site / "sgl_kernel/sm90/common_ops.abi3.so").is_file() and (site / "triton_kernels/__init__.py").is_file()
+    assert not (site / "sgl_kernel/flash_ops.abi3.so").exists() and not (site / "sgl_kernel/sm100").exists()
+    plugins = [ep.value for d in importlib.metadata.distributions(path=[str(site)]) for ep in d.entry_points
+               if ep.group == "sglang.srt.plugins"]
+    assert plugins == ["atom_sglang.plugin:register"]
+    pins.write_text(pins.read_text().replace("transformers==5.12.1", "transformers==5.17.0"))
+    make_wheel(wheel_dir, "transformers", "5.17.0", {"transformers/__init__.py": b""})
+    capsys.readouterr()
+    assert build(w, out, host="sglang") == 1  # the machine's transformers is not the one SGLang pins
+    assert "pins transformers==5.12.1, ci/pins.toml has 5.17.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host", sorted(vb.HOSTS))
+def test_pins_tables_of_both_hosts_parse(host):
+    """ci/pins.toml has each host's table: its version, CPython, platforms, NAME==VERSION wheels without repeats;
+    every prune pattern and optional group carries a reason."""
+    pins = vb.load_pins(host)
+    assert pins[host].count(".") >= 2 and pins["python"] == "3.12" and pins["platforms"]
+    requirements = vb.requirements_of(pins, host, pins[host], [])
+    names = [vb.canonical(r.split("==")[0]) for r in requirements]
+    assert len(names) == len(set(names)) == len(pins["wheels"]) + 1 and names[0] == host
+    table = vb.HOSTS[host]
+    assert all(pattern and reason for pattern, reason in [*table["prune"], *table["optional"].values()])
+    assert len(table["atom"]) == 3 and table["atom"][-1] == f"atom_{host}"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# SGLang on the air-gapped GPU machine (Python 3.12, torch 2.11.0+cu130, no package registry; docs/sglang.md
+# "SGLang on an air-gapped GPU machine"). Copy the parts and manifest.json written by
+# `ci/host_bundle.py build --host sglang` (`nox -s sglang-bundle`) into $PARTS_DIR (default: .bundle/sglang in
+# this checkout), all at once or one transfer at a time: each run unpacks the parts that have arrived into
+# $BUNDLE_DIR (default /tmp/sglang-bundle; parts already unpacked are skipped) and exits 3 naming the missing
+# ones until all are there; then it runs `python3 ARGS...` with the bundle on PYTHONPATH, e.g.
+#   bash ci/gpu_sglang.sh -m sglang.launch_server --model-path DIR --attention-backend triton \
+#     --sampling-backend pytorch
+# (the bundle has neither FA3 nor FlashInfer; vision encoders: --mm-attention-backend triton_attn).
+# `--atom` as the first argument also sets SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models, so ATOM's classes
+# replace SGLang's own (atom-sglang's plugin accepts only the SGLang releases in ci/pins.toml [sglang]).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+BUNDLE_DIR="${BUNDLE_DIR:-/tmp/sglang-bundle}"
+PARTS_DIR="${PARTS_DIR:-.bundle/sglang}"
+atom=0
+if [[ "${1:-}" == "--atom" ]]; then atom=1; shift; fi
+if (( $# == 0 )); then
+  echo "usage: bash ci/gpu_sglang.sh [--atom] PYTHON_ARGS... (e.g. -m sglang.launch_server --model-path DIR)" >&2
+  exit 2
+fi
+rc=0
+out=$("$PY" ci/host_bundle.py install --parts "$PARTS_DIR" --target "$BUNDLE_DIR" --require-all) || rc=$?
+if (( rc == 3 )); then
+  echo "gpu_sglang: bundle incomplete: copy the missing parts into $PARTS_DIR and run again" >&2
+fi
+(( rc == 0 )) || exit "$rc"
+site="${out##*PYTHONPATH=}"
+# The source tree first (its atom_* packages are the ones imported), then the bundle's site dir (SGLang,
+# sglang-kernel, the pinned transformers, which shadows the machine's, and the dist-info of atom-sglang, whose
+# `sglang.srt.plugins` entry point SGLang loads); the machine's site-packages (torch, triton) come after.
+src="$PWD/packages"
+export PYTHONPATH="$src/atom-kernels/src:$src/atom-core/src:$src/atom-sglang/src:$site${PYTHONPATH:+:$PYTHONPATH}"
+if (( atom )); then export SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models; fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no network there
+export PYTHONUNBUFFERED=1
+# SGLang's caches (compiled kernels, tuned configs) in a fresh temp dir per run unless given.
+export SGLANG_CACHE_DIR="${SGLANG_CACHE_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/sglang-cache.XXXXXX")}"
+exec "$PY" "$@"
