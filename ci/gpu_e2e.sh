@@ -10,20 +10,10 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 BUNDLE_DIR="${BUNDLE_DIR:-/tmp/vllm-bundle}"
 PARTS_DIR="${PARTS_DIR:-.bundle}"
-rc=0
-out=$("$PY" ci/host_bundle.py install --parts "$PARTS_DIR" --target "$BUNDLE_DIR" --require-all) || rc=$?
-if (( rc == 3 )); then
-  echo "gpu_e2e: bundle incomplete: copy the missing parts into $PARTS_DIR and run again" >&2
-fi
-(( rc == 0 )) || exit "$rc"
-site="${out##*PYTHONPATH=}"
-# Order matters. The source tree comes first, so its atom_* packages are the ones imported. The bundle's
-# site dir follows: vLLM, its import-time requirements, and the dist-info of the atom-vllm wheel, whose
-# `vllm.general_plugins` entry point (atom_vllm.plugin:register) is how vLLM finds ATOM: the source tree has
-# no dist-info, so without the bundle's atom-vllm wheel vLLM would run its own models. The machine's
-# site-packages (torch, triton, transformers) come after everything on PYTHONPATH.
-src="$PWD/packages"
-export PYTHONPATH="$src/atom-kernels/src:$src/atom-core/src:$src/atom-vllm/src:$site${PYTHONPATH:+:$PYTHONPATH}"
+source ci/bundle_env.sh
+# the bundle's atom-vllm dist-info carries the `vllm.general_plugins` entry point (atom_vllm.plugin:register):
+# without it vLLM would run its own models
+bundle_on_path gpu_e2e "$PARTS_DIR" "$BUNDLE_DIR" atom-vllm
 export VLLM_USE_FLASHINFER_SAMPLER=0   # the FlashInfer sampler imports flashinfer, which is not bundled
 export HF_HUB_OFFLINE=1                # no network there
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # collective_rpc with Python functions

@@ -21,18 +21,10 @@ if (( $# == 0 )); then
   echo "usage: bash ci/gpu_sglang.sh [--atom] PYTHON_ARGS... (e.g. -m sglang.launch_server --model-path DIR)" >&2
   exit 2
 fi
-rc=0
-out=$("$PY" ci/host_bundle.py install --parts "$PARTS_DIR" --target "$BUNDLE_DIR" --require-all) || rc=$?
-if (( rc == 3 )); then
-  echo "gpu_sglang: bundle incomplete: copy the missing parts into $PARTS_DIR and run again" >&2
-fi
-(( rc == 0 )) || exit "$rc"
-site="${out##*PYTHONPATH=}"
-# The source tree first (its atom_* packages are the ones imported), then the bundle's site dir (SGLang,
-# sglang-kernel, the pinned transformers, which shadows the machine's, and the dist-info of atom-sglang, whose
-# `sglang.srt.plugins` entry point SGLang loads); the machine's site-packages (torch, triton) come after.
-src="$PWD/packages"
-export PYTHONPATH="$src/atom-kernels/src:$src/atom-core/src:$src/atom-sglang/src:$site${PYTHONPATH:+:$PYTHONPATH}"
+source ci/bundle_env.sh
+# the bundle's site dir also holds sglang-kernel and the pinned transformers (shadowing the machine's); the
+# atom-sglang dist-info carries the `sglang.srt.plugins` entry point SGLang loads
+bundle_on_path gpu_sglang "$PARTS_DIR" "$BUNDLE_DIR" atom-sglang
 if (( atom )); then export SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no network there
 export PYTHONUNBUFFERED=1
