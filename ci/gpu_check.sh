@@ -5,7 +5,7 @@
 # the packages are used from the source tree. Results: $OUT (default bench/results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="packages/atom-kernels/src:packages/atom-core/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="packages/atom-kernels/src:packages/atom-core/src:packages/atom-vllm/src${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 OUT="${OUT:-bench/results}"
 mkdir -p "$OUT"
@@ -20,6 +20,7 @@ if [[ "$what" == all || "$what" == tests ]]; then
 fi
 if [[ "$what" == all || "$what" == bench ]]; then
   shift || true
-  "$PY" -m atom_kernels.bench "$@" --out "$OUT/kernels.json" || status=1
+  # vLLM's kernels as peers where vLLM is importable (its bundle on PYTHONPATH); cells saying why where not
+  "$PY" -m atom_kernels.bench --peers atom_vllm.kernel_peers "$@" --out "$OUT/kernels.json" || status=1
 fi
 exit $status

@@ -51,7 +51,8 @@ def steps(args: argparse.Namespace, work: Path) -> list[tuple[str, list[str], Pa
     out = []
     if not args.cpu:
         suites = [*filter(None, args.suites.split(",")), *(["--quick"] if args.quick else [])]
-        out.append(("kernels", [py, "-m", "atom_kernels.bench", *suites, "--out", str(work / "kernels.json")],
+        out.append(("kernels", [py, "-m", "atom_kernels.bench", "--peers", "atom_vllm.kernel_peers", *suites,
+                                "--out", str(work / "kernels.json")],
                     work / "kernels.json"))
         if not args.demo_dir:
             out.append(("demo", [py, "-m", "atom_core.cli", "fetch-demo", demo], work / "none"))
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.out_dir or args.results / (datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
                                                   + f"-{gpu_tag(args.python)}")
         env = os.environ | {"PYTHONPATH": os.pathsep.join(
-            [str(ROOT / "packages" / p / "src") for p in ("atom-kernels", "atom-core")]
+            [str(ROOT / "packages" / p / "src") for p in ("atom-kernels", "atom-core", "atom-vllm")]
             + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
             "ATOM_COMMIT": commit() or "", "PYTHONUNBUFFERED": "1"}
         status, parts = {}, {}

@@ -1,6 +1,9 @@
 """The attention bench suite runs end to end (CPU, Triton interpreter, tiny shapes, a stand-in timer), so the GPU
 run it exists for does not fail on a typo; the timed numbers come from the GPU run."""
 
+import sys
+import types
+
 import pytest
 
 
@@ -16,13 +19,26 @@ def test_attention_bench_rows(monkeypatch):
     monkeypatch.setattr(attention, "CONTEXTS", (40,))
     monkeypatch.setattr(attention, "PREFILL", ((2, 8, 0), (2, 8, 20), (1, 24, 0)))
     monkeypatch.setattr(attention, "L2_DEFEAT_BYTES", 1 << 16)
-    rows = attention.run({"device": "cpu", "copy_bytes_per_s": 4e12, "bf16_flops_per_s": 7e14, "quick": False})
+
+    def gone(case):
+        return "unavailable: no such kernel here"
+
+    def broken(case):
+        raise RuntimeError("set-up failed")
+
+    # peers from a --peers module: SDPA again under another name (a working peer), one unavailable, one broken
+    module = types.SimpleNamespace(PEERS={"attention": {"again": attention.sdpa_peer, "gone": gone, "broken": broken}})
+    monkeypatch.setitem(sys.modules, "fake_attention_peers", module)
+    ctx = {"device": "cpu", "copy_bytes_per_s": 4e12, "bf16_flops_per_s": 7e14, "quick": False}
+    rows = attention.run({**ctx, "peers": ["fake_attention_peers"]})
     assert [r["case"] for r in rows] == ["decode-b1-new1-ctx40", "decode-b3-new1-ctx40", "prefill-b2-new8-ctx8",
                                          "prefill-b2-new8-ctx28", "prefill-b1-new24-ctx24"]
     for r in rows:
         assert r["atom_us"] == 10.0 and r["sdpa_us"] == 10.0 and r["atom_over_sdpa"] == 1.0, r
-        assert r["atom_err"] < 5e-2 and r["sdpa_err"] < 5e-2, r  # bf16 outputs against the fp32 reference
+        assert r["atom_err"] < 5e-2 and r["sdpa_err"] < 5e-2 and r["again_err"] == r["sdpa_err"], r
         assert r["floor_us"] > 0 and r["atom_GBps"] > 0 and r["atom_splits"] >= 1
-        for peer in ("fa3", "vllm_triton"):  # no vLLM here: a cell saying why, never a crash
-            assert isinstance(r[f"{peer}_us"], str) and r[f"{peer}_us"].startswith(("unavailable", "error")), r
+        assert r["atom_over_again"] == 1.0 and r["gone_us"] == "unavailable: no such kernel here"
+        assert r["broken_us"] == "error: RuntimeError: set-up failed" and "atom_over_broken" not in r
     assert rows[0]["copies"] > 1  # small caches are cycled over copies
+    plain = attention.run(ctx)  # no --peers: ATOM and SDPA only
+    assert not [key for key in plain[0] if key.startswith(("again", "gone", "broken"))]

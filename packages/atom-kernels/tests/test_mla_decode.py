@@ -11,6 +11,9 @@ is rounded to bf16 once, and the kernel's dots take bf16 operands on the GPU: p 
 as flash attention does).  Padding rows must be exactly zero.
 """
 
+import sys
+import types
+
 import pytest
 import torch
 from helpers import assert_close, assert_graph_capturable, rel_err
@@ -150,9 +153,11 @@ def test_bench_suite_runs(device, monkeypatch):
     def missing_peer(inputs):
         raise ImportError("no vllm here")
 
-    # peers: the reference standing in for a working one, and one that cannot be imported
-    monkeypatch.setattr(suite, "PEERS", {"peer": lambda inputs: suite.mla_reference.mla_decode, "gone": missing_peer})
-    rows = suite.run({"device": str(device), "copy_bytes_per_s": 4e12})
+    # peers from a --peers module: the reference standing in for a working one, and one that cannot be imported
+    module = types.SimpleNamespace(PEERS={"mla": {"peer": lambda inputs: suite.mla_reference.mla_decode,
+                                                  "gone": missing_peer}})
+    monkeypatch.setitem(sys.modules, "fake_mla_peers", module)
+    rows = suite.run({"device": str(device), "copy_bytes_per_s": 4e12, "peers": ["fake_mla_peers"]})
     assert [(r["context"], r["impl"]) for r in rows] == [
         (40, "gone"), (40, "atom-triton"), (40, "torch-reference"), (40, "peer"),
         (300, "torch-reference"), (300, "gone"), (300, "atom-triton"), (300, "peer")]

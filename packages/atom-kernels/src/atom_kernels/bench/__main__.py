@@ -16,7 +16,8 @@ from atom_kernels.bench import timing
 
 
 def available_suites() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(bench_pkg.__path__) if m.name not in {"timing", "__main__", "report"})
+    return sorted(m.name for m in pkgutil.iter_modules(bench_pkg.__path__)
+                  if m.name not in {"timing", "peers", "__main__", "report"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,11 +25,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suites", nargs="*", help=f"suites to run (default: all of {available_suites()})")
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and sizes")
+    parser.add_argument("--peers", action="append", default=[], metavar="MODULE",
+                        help="a module whose PEERS adds other projects' kernels to the suites (e.g. "
+                             "atom_vllm.kernel_peers); repeatable")
     args = parser.parse_args(argv)
+    suites = args.suites or available_suites()
+    unknown = [s for s in suites if s not in available_suites()]
+    if unknown:
+        parser.error(f"unknown suite(s): {', '.join(unknown)} (suites: {', '.join(available_suites())})")
+    for module_name in args.peers:
+        importlib.import_module(module_name)  # a typo fails here, before minutes of GPU time
     if not torch.cuda.is_available():
         print("benchmarks need a CUDA/ROCm GPU", file=sys.stderr)
         return 2
-    suites = args.suites or available_suites()
     ctx = {
         "gpu": timing.gpu_name(),
         "date": datetime.date.today().isoformat(),
@@ -36,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         "copy_bytes_per_s": timing.copy_bandwidth_bytes_per_s(),
         "bf16_flops_per_s": timing.bf16_matmul_flops_per_s(),
         "quick": args.quick,
+        "peers": args.peers,
     }
     try:
         import triton

@@ -1,6 +1,8 @@
 """Paged attention (Qwen3-8B heads: 32 query heads, 8 KV heads, head dim 128, bf16, block size 16): ATOM's Triton
-``paged_attention`` side by side with torch SDPA over dense K/V, vLLM's FlashAttention-3 and vLLM's Triton
-``unified_attention``, one row per case.
+``paged_attention`` side by side with torch SDPA over dense K/V and the peers ``--peers`` modules offer (vLLM's
+FlashAttention-3 and Triton ``unified_attention`` from ``atom_vllm.kernel_peers``), one row per case.  A peer maker
+takes the :class:`Case` and returns a callable giving ``[T, H, D]`` (one call per timed step, cycling the cache
+copies with ``case.next()``), or a string saying why it is unavailable.
 
 Decode: one query per sequence, batch 1/16/64/256 x context 1k/4k/16k/32k (cases whose K/V exceed CACHE_LIMIT are
 skipped).  Prefill (varlen, causal): 4 sequences x 2048 new tokens after 0 and 2048 cached tokens, and one 8192-token
@@ -22,6 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from atom_kernels.bench import peers
 from atom_kernels.bench.timing import measure
 from atom_kernels.ops.paged_attention import triton as pa_triton
 
@@ -35,7 +38,6 @@ CACHE_LIMIT = 40e9  # K + V bytes
 DENSE_LIMIT = 12e9  # the dense K/V copy SDPA is timed on
 L2_DEFEAT_BYTES = 256 << 20
 REF_SEQS = 4
-PEERS = ("sdpa", "fa3", "vllm_triton")
 
 
 class Case:
@@ -117,57 +119,11 @@ def sdpa_peer(case: Case):
     return lambda: case.sdpa(*dense[case.next()])
 
 
-def fa3_peer(case: Case):
-    """vLLM's FlashAttention-3 over the paged cache (``block_table`` + ``seqused_k``)."""
-    try:
-        from vllm.vllm_flash_attn import flash_attn_varlen_func
-    except ImportError as err:
-        return f"unavailable: {err}"
-
-    def call():
-        i = case.next()
-        k, v = case.caches[i]
-        return flash_attn_varlen_func(q=case.q, k=k, v=v, max_seqlen_q=case.new, cu_seqlens_q=case.qsl,
-                                      max_seqlen_k=case.context, seqused_k=case.seq_lens, softmax_scale=case.scale,
-                                      causal=True, block_table=case.tables[i], fa_version=3)
-    return call
-
-
-def vllm_triton_peer(case: Case):
-    """vLLM's Triton ``unified_attention`` over the paged cache; decode steps of up to 16 sequences (128 programs /
-    KV_HEADS, what vLLM's Triton backend passes) take its split (3D) kernel, with 16 segments."""
-    try:
-        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-    except ImportError:
-        try:
-            from vllm.attention.ops.triton_unified_attention import unified_attention
-        except ImportError as err:
-            return f"unavailable: {err}"
-    device = case.q.device
-    tokens = case.q.shape[0]
-    out = torch.empty_like(case.q)
-    descale = torch.ones(1, dtype=torch.float32, device=device)
-    segments = 16
-    split = dict(seq_threshold_3D=128 // KV_HEADS, num_par_softmax_segments=segments,
-                 softmax_segm_output=torch.empty(tokens, HEADS, segments, triton_next_pow2(DIM), dtype=torch.float32,
-                                                 device=device),
-                 softmax_segm_max=torch.empty(tokens, HEADS, segments, dtype=torch.float32, device=device),
-                 softmax_segm_expsum=torch.empty(tokens, HEADS, segments, dtype=torch.float32, device=device))
-
-    def call():
-        i = case.next()
-        k, v = case.caches[i]
-        unified_attention(case.q, k, v, out, case.qsl, case.new, case.seq_lens, case.context, case.scale, True,
-                          (-1, -1), case.tables[i], 0.0, None, descale, descale, **split)
-        return out
-    return call
-
-
 def triton_next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-PEER_BUILDERS = {"sdpa": sdpa_peer, "fa3": fa3_peer, "vllm_triton": vllm_triton_peer}
+BUILTIN_PEERS = {"sdpa": sdpa_peer}
 
 
 def bench_case(phase: str, batch: int, new: int, cached: int, ctx: dict, device="cuda") -> dict:
@@ -185,9 +141,10 @@ def bench_case(phase: str, batch: int, new: int, cached: int, ctx: dict, device=
     index0 = case.index  # every impl's checked output reads copy 0
     want = case.sdpa(*case.dense(0, ref_seqs, torch.float32), q=case.q.float(), gqa=False)
     impls = {"atom": atom(case)}
-    for peer in PEERS:
+    makers = {**BUILTIN_PEERS, **peers.for_suite(ctx, "attention")}
+    for peer, make in makers.items():
         try:
-            built = PEER_BUILDERS[peer](case)
+            built = make(case)
         except Exception as err:  # a peer that fails to set up must not lose the others' numbers
             built = f"error: {type(err).__name__}: {err}"[:300]
         if isinstance(built, str):
@@ -209,7 +166,7 @@ def bench_case(phase: str, batch: int, new: int, cached: int, ctx: dict, device=
     if isinstance(row.get("atom_us"), float):
         row["atom_GBps"] = nbytes / (row["atom_us"] * 1e-6) / 1e9
         row["atom_x_floor"] = row["atom_us"] / floor_us
-        for peer in PEERS:
+        for peer in makers:
             if isinstance(row.get(f"{peer}_us"), float):
                 row[f"atom_over_{peer}"] = row["atom_us"] / row[f"{peer}_us"]
     return row

@@ -1,6 +1,7 @@
 """MLA decode (DeepSeek-V3's absorbed attention over the paged latent cache): ATOM's Triton kernel against the
-torch reference, vLLM's two Hopper decode kernels (its Triton MLA ``decode_attention_fwd`` and FlashMLA, each
-only where vLLM is importable, called as vLLM's TRITON_MLA / FLASHMLA backends call them) and the floor.
+torch reference, the peers ``--peers`` modules offer (vLLM's two Hopper decode kernels, its Triton MLA and FlashMLA,
+from ``atom_vllm.kernel_peers``) and the floor.  A peer maker takes the :class:`Inputs` and returns a function with
+``mla_decode``'s arguments ``(q, cache, block_table, seq_lens, scale, latent)`` giving ``[B, heads, latent]``.
 
 Cases: 128 heads (one rank) and 16 (TP8), kv_lora_rank 512 + rope 64, bf16, batch 1/16/64/256, every sequence at
 context 1k/8k/32k, page size 64 (vLLM's MLA block size), each sequence's blocks scattered over the cache.  Times
@@ -18,7 +19,7 @@ import math
 
 import torch
 
-from atom_kernels.bench import timing
+from atom_kernels.bench import peers, timing
 from atom_kernels.ops.mla_decode import reference as mla_reference
 from atom_kernels.ops.mla_decode import triton as mla_triton
 
@@ -85,7 +86,7 @@ def bench_case(heads: int, batch: int, context: int, ctx: dict, device: str = "c
         impls.append(("torch-reference", mla_reference.mla_decode))
     else:
         rows.append(dict(base, impl="torch-reference", skipped=f"batch x context > {REFERENCE_MAX_TOKENS}"))
-    for impl, make in PEERS.items():
+    for impl, make in peers.for_suite(ctx, "mla").items():
         try:
             fn = make(inputs)
             out = fn(*args)
@@ -105,47 +106,3 @@ def bench_case(heads: int, batch: int, context: int, ctx: dict, device: str = "c
         rows.append(dict(base, impl=impl, us=us, graph=timed["graph"], TBps=op_bytes / (us * 1e-6) / 1e12,
                          ratio_to_floor=us / base["floor_us"]))
     return rows
-
-
-def vllm_triton_mla(inputs: Inputs):
-    """vLLM's Triton MLA decode with the split count and scratch its TRITON_MLA backend uses."""
-    import triton
-    from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
-
-    batch, heads, _ = inputs.q.shape
-    max_context = inputs.tables[0].shape[1] * PAGE
-    sms = torch.cuda.get_device_properties(inputs.q.device).multi_processor_count
-    splits = min(triton.next_power_of_2(max(1, max_context // 512)), 2 * sms)
-    logits = torch.empty(batch, heads, splits, LATENT + 1, dtype=torch.float32, device=inputs.q.device)
-
-    def run(q, cache, table, seq_lens, scale, latent):
-        out = torch.zeros(batch, heads, latent, dtype=q.dtype, device=q.device)
-        lse = torch.zeros(batch, heads, dtype=q.dtype, device=q.device)
-        kv = cache.unsqueeze(2)
-        decode_attention_fwd(q, kv, kv[..., :latent], out, lse, table, seq_lens, logits, splits, scale, PAGE,
-                             is_mla=True)
-        return out
-
-    return run
-
-
-def vllm_flashmla(inputs: Inputs):
-    """FlashMLA (as carried by vLLM) over the same cache: one query token per sequence, causal."""
-    from vllm.v1.attention.ops.flashmla import flash_mla_with_kvcache, get_mla_metadata, is_flashmla_dense_supported
-
-    supported, why = is_flashmla_dense_supported()
-    if not supported:
-        raise RuntimeError(f"FlashMLA unavailable: {why}")
-    heads = inputs.q.shape[1]
-    metadata, _ = get_mla_metadata(inputs.seq_lens, heads, 1, is_fp8_kvcache=False)
-
-    def run(q, cache, table, seq_lens, scale, latent):
-        out, _ = flash_mla_with_kvcache(q=q.unsqueeze(1), k_cache=cache.unsqueeze(2), block_table=table,
-                                        cache_seqlens=seq_lens, head_dim_v=latent, tile_scheduler_metadata=metadata,
-                                        softmax_scale=scale, causal=True, is_fp8_kvcache=False)
-        return out.squeeze(1)
-
-    return run
-
-
-PEERS = {"vllm-triton-mla": vllm_triton_mla, "vllm-flashmla": vllm_flashmla}

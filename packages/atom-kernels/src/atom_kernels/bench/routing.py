@@ -1,5 +1,7 @@
 """MoE routing (router logits -> top-k expert ids and weights): ATOM's Triton ``topk_routing`` against the torch
-reference and vLLM's CUDA routing kernels (where vLLM is importable, called as its routers call them).
+reference and the peers ``--peers`` modules offer (vLLM's CUDA routing kernels from ``atom_vllm.kernel_peers``).  A
+peer maker takes the case name (a key of :data:`CASES`) and the correction bias (or None) and returns a function
+of the fp32 logits ``[T, experts]`` giving ``(weights [T, top_k], ids [T, top_k])``.
 
 Cases: DeepSeek-V3 / R1 (256 experts in 8 groups, the best 4 groups, top-8, sigmoid scores with the correction
 bias for the choice, renormalised, x2.5), Kimi-K2 (384 experts, one group, top-8, sigmoid + bias, x2.827) and
@@ -16,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from atom_kernels import topk_routing
-from atom_kernels.bench import timing
+from atom_kernels.bench import peers, timing
 
 # name: (experts, top_k, scoring, n_group, topk_group, routed_scaling_factor, correction bias)
 CASES = {
@@ -42,30 +44,7 @@ def backend(name: str):
     return make
 
 
-def vllm_topk(case: str, bias):
-    """vLLM's fused CUDA routing kernels (``_moe_C``), the one its router picks for the case: ``grouped_topk``
-    for grouped routing (sigmoid fused), else ``topk_sigmoid`` / ``topk_softmax``."""
-    from vllm import _custom_ops as ops
-
-    experts, top_k, scoring, n_group, topk_group, scale, _ = CASES[case]
-
-    def grouped(logits):
-        return ops.grouped_topk(logits, n_group, topk_group, top_k, True, scale, bias, 1)
-
-    def ungrouped(logits):
-        weights = torch.empty(logits.shape[0], top_k, dtype=torch.float32, device=logits.device)
-        ids = torch.empty(logits.shape[0], top_k, dtype=torch.int32, device=logits.device)
-        token_expert = torch.empty_like(ids)
-        if scoring == "sigmoid":
-            ops.topk_sigmoid(weights, ids, token_expert, logits, True, bias, scale)
-        else:
-            ops.topk_softmax(weights, ids, token_expert, logits, True)
-        return weights, ids
-
-    return grouped if n_group > 1 else ungrouped
-
-
-IMPLS = {"atom-triton": backend("triton"), "torch-reference": backend("reference"), "vllm": vllm_topk}
+IMPLS = {"atom-triton": backend("triton"), "torch-reference": backend("reference")}
 
 
 def _agreement(got, want) -> dict:
@@ -90,7 +69,7 @@ def run(ctx: dict) -> list[dict]:
             nbytes = tokens * experts * 4 + tokens * top_k * 8
             base = {"case": case, "experts": experts, "top_k": top_k, "tokens": tokens, "bytes": nbytes,
                     "floor_us": nbytes / ctx["copy_bytes_per_s"] * 1e6}
-            for impl, make in IMPLS.items():
+            for impl, make in {**IMPLS, **peers.for_suite(ctx, "routing")}.items():
                 try:
                     fn = make(case, bias)
                     checked = _agreement(fn(logits), want)
