@@ -8,10 +8,12 @@ from atom_core.runtime.runner import Runner
 from atom_core.runtime.sampler import SamplingParams
 
 
-def test_generate_json_matches_runner(tiny, capsys):
+@pytest.mark.parametrize("graphs", [[], ["--cuda-graphs"]])
+def test_generate_json_matches_runner(tiny, capsys, graphs):
     model_dir = tiny("Qwen3ForCausalLM")
     assert main(["generate", "--model", model_dir, "--prompt-token-ids", "5,6,7", "--prompt-token-ids", "9",
-                 "--max-new-tokens", "5", "--dtype", "float32", "--device", "cpu", "--ignore-eos", "--json"]) == 0
+                 "--max-new-tokens", "5", "--dtype", "float32", "--device", "cpu", "--ignore-eos", "--json",
+                 *graphs]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     expected = Runner(model_dir).generate([[5, 6, 7], [9]], SamplingParams(max_new_tokens=5, ignore_eos=True))
     assert [line["token_ids"] for line in lines] == [o.token_ids for o in expected]

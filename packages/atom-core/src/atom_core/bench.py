@@ -3,8 +3,9 @@ random checkpoint of a real model shape (few layers), prefill and decode, on one
 
 ``python -m atom_core.bench --arch Qwen3ForCausalLM --layers 4 --out model.json``
 
-The native host is a small reference runtime (torch attention over a paged cache), not a serving
-engine, so this measures the model code (fused ops, loader, layers) rather than a scheduler.
+The native host is a small runtime (ATOM's paged attention over its block cache), not a serving engine, so this
+measures the model code (fused ops, loader, layers) rather than a scheduler.  ATOM runs twice: eager
+(``atom-native``) and with decode steps replayed from CUDA graphs (``atom-native-graphs``).
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ def run(arch: str, layers: int, batch: int, prompt_len: int, decode_tokens: int,
         prompts = torch.randint(0, vocab, (batch, prompt_len), generator=gen)
         prompt_lists = prompts.tolist()
 
-        atom_prefill, atom_total = _time_atom(Runner(ckpt, device=device, dtype=dtype), prompt_lists, decode_tokens,
-                                              device, reps, SamplingParams)
+        atom = {impl: _time_atom(Runner(ckpt, device=device, dtype=dtype, cuda_graphs=graphs), prompt_lists,
+                                 decode_tokens, device, reps, SamplingParams)
+                for impl, graphs in (("atom-native", False), ("atom-native-graphs", True))}
 
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dtype).to(device).eval()
         ids = prompts.to(device)
@@ -128,7 +130,7 @@ def run(arch: str, layers: int, batch: int, prompt_len: int, decode_tokens: int,
         hf_prefill = _wall(lambda: hf_generate(1), device, reps)
         hf_total = _wall(lambda: hf_generate(decode_tokens), device, reps)
 
-    for impl, prefill, total in (("atom-native", atom_prefill, atom_total), ("hf-eager", hf_prefill, hf_total)):
+    for impl, (prefill, total) in {**atom, "hf-eager": (hf_prefill, hf_total)}.items():
         decode_step = (total - prefill) / max(decode_tokens - 1, 1)
         rows.append({
             "arch": arch, "layers": layers, "batch": batch, "prompt_len": prompt_len, "impl": impl,

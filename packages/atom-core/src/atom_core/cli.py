@@ -44,7 +44,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         prompts = args.prompt_token_ids
     check_prompts(prompts, text.vocab_size, getattr(text, "max_position_embeddings", None), params.max_new_tokens)
-    runner = Runner(args.model, device=device, dtype=DTYPES[args.dtype], quantization=args.quantization)
+    runner = Runner(args.model, device=device, dtype=DTYPES[args.dtype], quantization=args.quantization,
+                    cuda_graphs=args.cuda_graphs)
     if args.image:
         prompts = _image_prompts(runner, args.image, prompts)
     outputs = runner.generate(prompts, params)
@@ -174,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--quantization", default=None, choices=["ptpc-fp8", "fp8-block", "mxfp4"],
                      help="quantize an unquantized checkpoint's linear layers at load")
     gen.add_argument("--json", action="store_true", help='one {"token_ids", "logprobs"} object per prompt')
+    gen.add_argument("--cuda-graphs", action="store_true",
+                     help="replay decode steps from CUDA graphs captured per batch-size bucket")
     gen.add_argument("--chat", action="store_true", help="each --prompt as a user turn through the chat template")
     gen.set_defaults(func=cmd_generate)
 

@@ -27,6 +27,23 @@ class StepContext:
     _paged: tuple[int, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     _query_start_loc: torch.Tensor | None = field(default=None, repr=False)
 
+    @classmethod
+    def decode_over(cls, slot_mapping: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                    state_slots: torch.Tensor, block_size: int, linear: bool) -> StepContext:
+        """A decode step (one new token per sequence) whose metadata lives only in the given device tensors, so a
+        CUDA graph captured over it replays for new contents: ``block_table [B, width]`` int32 and ``seq_lens [B]``
+        int32 for paged attention, ``state_slots [B]`` for linear attention (when ``linear``).  Host-side lengths
+        are absent (``seq_lens``/``slot_table`` here are empty): :meth:`mask` and readers of ``slot_table`` cannot
+        use it."""
+        batch = slot_mapping.shape[0]
+        ctx = cls(query_lens=[1] * batch, seq_lens=[], slot_mapping=slot_mapping,
+                  slot_table=slot_mapping.new_empty(batch, 0))
+        ctx._paged = (block_size, block_table, seq_lens)
+        ctx._query_start_loc = torch.arange(batch + 1, dtype=torch.int32, device=slot_mapping.device)
+        if linear:
+            ctx._linear = dict(num_decode_tokens=batch, decode_slots=state_slots)
+        return ctx
+
     @property
     def batch_size(self) -> int:
         return len(self.query_lens)
@@ -67,6 +84,8 @@ class StepContext:
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         """``[B, 1, max_query_len, max_seq_len]`` bool: key j visible to query i of sequence b."""
+        if len(self.seq_lens) != self.batch_size:
+            raise RuntimeError("this step's lengths live on the device only (a captured decode step): no host-side mask")
         if sliding_window not in self._masks:
             device = self.slot_mapping.device
             seq = torch.tensor(self.seq_lens, device=device)[:, None, None]

@@ -17,6 +17,7 @@ from atom_core.host import TensorParallel
 from atom_core.loader import Checkpoint
 from atom_core.quant import parse_quant_config
 from atom_core.runtime.context import StepContext
+from atom_core.runtime.graphs import DecodeGraphs, graphs_unsupported
 from atom_core.runtime.host import NativeHost
 from atom_core.runtime.kv_cache import SequenceSlots
 from atom_core.runtime.multimodal import ImageInputs, Prompt, as_prompt
@@ -72,7 +73,8 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_positio
 
 class Runner:
     def __init__(self, model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 block_size: int = 16, tp: TensorParallel | None = None, quantization: str | None = None):
+                 block_size: int = 16, tp: TensorParallel | None = None, quantization: str | None = None,
+                 cuda_graphs: bool = False):
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
         self.dtype = dtype
@@ -88,6 +90,14 @@ class Runner:
         self.model.eval()
         self.eos_token_ids = _eos_ids(self.hf_config, self.model_dir)
         self.position_rows = self.model.position_rows  # 3: the model wants MRoPE positions
+        # decode steps replayed from CUDA graphs per batch bucket (on the CPU: the same padded steps, run eagerly)
+        self.decode_graphs: DecodeGraphs | None = None
+        if cuda_graphs:
+            why = graphs_unsupported(self.host, uses_images=False)
+            if why is None:
+                self.decode_graphs = DecodeGraphs(self.model, self.host, self.device, self.position_rows)
+            else:
+                logger.warning("%s: decode runs without CUDA graphs: %s", self.spec.name, why)
 
     # ------------------------------------------------------------------------------------- steps
     def _ensure_cache(self, slots_needed: int) -> None:
@@ -152,6 +162,18 @@ class Runner:
         finally:
             self.host.context = None
 
+    def _decode_step(self, seqs: list[SequenceSlots], tokens: list[int], plans: list[PositionPlan]) -> torch.Tensor:
+        """One new token per sequence, through the decode graphs: hidden states ``[len(seqs), H]``."""
+        allocator = self.host.kv_cache.allocator
+        positions = torch.cat([plan.positions(s.length, 1) for plan, s in zip(plans, seqs)], dim=1)
+        slots = [s.grow(1, self.block_size, allocator)[0] for s in seqs]
+        return self.decode_graphs.run(seqs, tokens, positions, slots)
+
+    def _graph_step(self, seqs: list[SequenceSlots], new_tokens: list[list[int]], images) -> bool:
+        """Whether this step goes through the decode graphs: one token per sequence, each with context."""
+        return (self.decode_graphs is not None and not images and self.decode_graphs.handles(len(seqs))
+                and all(len(t) == 1 and s.length > 0 for s, t in zip(seqs, new_tokens)))
+
     @torch.inference_mode()
     def prompt_logits(self, prompts: Sequence[Sequence[int] | Prompt]) -> list[torch.Tensor]:
         """Logits at every position of each prompt, all prompts prefilled in one batch."""
@@ -185,8 +207,11 @@ class Runner:
         pending = [list(p) for p in prompts]
         try:
             while active:
-                hidden = self._step([seqs[i] for i in active], [pending[i] for i in active], [plans[i] for i in active],
-                                    images)
+                step = ([seqs[i] for i in active], [pending[i] for i in active], [plans[i] for i in active])
+                if self._graph_step(step[0], step[1], images):
+                    hidden = self._decode_step(step[0], [t for (t,) in step[1]], step[2])
+                else:
+                    hidden = self._step(*step, images)
                 images = None
                 last = torch.tensor([len(pending[i]) for i in active], device=self.device).cumsum(0) - 1
                 tokens, logprobs = sample(self.model.compute_logits(hidden[last]), params, generator)
