@@ -35,7 +35,7 @@ def _generate(runner, prompts, new_tokens=10):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_padded_decode_steps_match_eager(tiny, device, arch):
     model_dir = tiny(arch)
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    dtype = torch.float32  # on a GPU too: padded GEMMs may take other cuBLAS kernels, so keep rounding small
     # block size 2: the longest prompts cross 16 blocks while decoding, so the table widens (a second graph)
     eager = Runner(model_dir, device=device, dtype=dtype, block_size=2)
     graphs = Runner(model_dir, device=device, dtype=dtype, block_size=2, cuda_graphs=True)
@@ -45,7 +45,7 @@ def test_padded_decode_steps_match_eager(tiny, device, arch):
         for w, g in zip(want, got):
             assert g.token_ids == w.token_ids, (arch, prompts)
             err = max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs))
-            assert err < (1e-4 if dtype == torch.float32 else 5e-2), (arch, err)
+            assert err < (1e-4 if device == "cpu" else 1e-2), (arch, err)
     used = sorted(graphs.decode_graphs._static)
     assert (4, 16) in used and (4, 32) in used and (1, 16) in used, used
     # the last batch (3 sequences) ran in buffers a batch of 4 had filled: its fourth row is padding again
