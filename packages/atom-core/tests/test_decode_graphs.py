@@ -19,7 +19,8 @@ BATCHES = [
     [[42]],
     [[3, 1, 4, 1, 5], [9, 2, 6], list(range(10, 25))],
 ]
-ARCHS = ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM"]
+ARCHS = ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM",
+         "DeepseekV3ForCausalLM"]
 
 
 def test_buckets_and_widths():
@@ -62,9 +63,3 @@ def test_a_larger_cache_drops_the_graphs(tiny):
     got = _generate(runner, BATCHES[0] * 3, new_tokens=4)  # needs more blocks: a new cache, new buffers
     assert runner.host.kv_cache is not cache and [g.token_ids for g in got] == [w.token_ids for w in want]
     assert {bucket for bucket, _ in runner.decode_graphs._static} == {16}  # the batch-of-3 buffers were dropped
-
-
-def test_latent_attention_decodes_without_graphs(tiny, caplog):
-    runner = Runner(tiny("DeepseekV3ForCausalLM"), cuda_graphs=True)
-    assert runner.decode_graphs is None
-    assert "decode runs without CUDA graphs: latent attention" in caplog.text

@@ -158,6 +158,23 @@ def test_reshape_and_cache_matches_reference(cache_dtype, device, rng):
     assert flat.abs().sum(dim=(1, 2))[[s for s in range(blocks * page) if s not in slots.tolist()]].eq(0).all()
 
 
+def test_reshape_and_cache_latent_only(device, rng):
+    """A K-only cache (latent attention: one "head" of kv_lora_rank + rope, V of width 0): both backends write the
+    latents into their slots and leave the rest zero."""
+    tokens, width, page, blocks = 7, 576, 16, 3
+    latent = torch.randn(tokens, 1, width, generator=rng).to(device=device, dtype=BF16)
+    slots = torch.tensor([5, -1, 40, 17, 0, -1, 33], device=device)
+    caches = [torch.zeros(blocks, page, 1, w, device=device, dtype=BF16) for _ in range(2) for w in (width, 0)]
+    for backend, (k_cache, v_cache) in zip(("triton", "reference"), (caches[:2], caches[2:])):
+        reshape_and_cache.call_backend(backend, latent, latent[..., :0], k_cache, v_cache, slots)
+        flat = k_cache.flatten(0, 1)
+        written = slots >= 0
+        assert torch.equal(flat[slots[written]], latent[written]), backend
+        untouched = torch.ones(blocks * page, dtype=torch.bool, device=device)
+        untouched[slots[written]] = False
+        assert not flat[untouched].any(), backend
+
+
 def test_reference_rejects_bad_shapes(rng):
     (q, k_cache, v_cache, table, seq_lens, qsl, scale), _ = paged_case([2], [5], 4, 2, 16, 4, FP32, "cpu", rng)
     assert pa_triton.unsupported(q, k_cache, v_cache, table, seq_lens, qsl, scale) is None

@@ -2,9 +2,10 @@
 
 A decode step (every sequence adds one token to a context already cached) has shapes that depend only on the
 batch size once the batch is padded up to a bucket and the block table to a fixed width, and ATOM's decode path
-reads nothing on the host (paged attention and the linear-attention kernels take their lengths, block tables and
-slots from device tensors).  So each (bucket, table width) is captured once, over static input buffers, and a
-step copies its inputs into those buffers and replays.
+reads nothing on the host (paged attention, latent attention's absorbed decode and the linear-attention kernels
+take their lengths, block tables and slots from device tensors).  So each (bucket, table width) is captured once,
+over static input buffers, and a step copies its inputs into those buffers and replays.  Steps with prompt tokens
+or images run eagerly.
 
 Padding rows: token 0 at position 0, KV slot -1 (nothing written), a context of one token in block 0 (attention
 reads a cached, finite row, so nothing downstream, MoE routing included, sees undefined values) and
@@ -24,7 +25,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from atom_core.runtime.context import StepContext
-from atom_core.runtime.latent_attention import LatentAttention
 
 if TYPE_CHECKING:
     from atom_core.runtime.host import NativeHost
@@ -34,15 +34,6 @@ logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_TABLE_BLOCKS = 16  # table widths are powers of two from here, so a growing context recaptures rarely
-
-
-def graphs_unsupported(host: NativeHost, uses_images: bool) -> str | None:
-    """Why this model's decode steps cannot be captured, or None when they can."""
-    if any(isinstance(layer, LatentAttention) for layer in host.attention_layers):
-        return "latent attention (MLA) writes its cache and pads its queries with host-side indexing"
-    if uses_images:
-        return "a step with images embeds them with host-side sizes"
-    return None
 
 
 def bucket_for(batch: int) -> int | None:

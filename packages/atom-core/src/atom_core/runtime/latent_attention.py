@@ -21,7 +21,7 @@ from torch import nn
 
 from atom_core.host import LatentAttentionSpec
 from atom_core.quant.base import UnquantizedLinearMethod
-from atom_kernels import mla_decode
+from atom_kernels import mla_decode, reshape_and_cache
 
 if TYPE_CHECKING:
     from atom_core.runtime.host import NativeHost
@@ -73,34 +73,35 @@ class LatentAttention(nn.Module):
             raise RuntimeError("native attention called outside a runner step (no StepContext set)")
         if self.w_uk is None:
             raise RuntimeError("latent attention used before its weights were loaded (finish_loading)")
-        cache, _ = host.kv_cache.layers[self.cache_index]
-        cache = cache.view(-1, *cache.shape[2:])  # [num_slots, 1, kv_lora_rank + rope], indexed by slot
-        num_tokens = q.shape[0]
-        valid = ctx.slot_mapping >= 0
+        k_cache, v_cache = host.kv_cache.layers[self.cache_index]  # [blocks, block_size, 1, latent] and [.., 1, 0]
+        num_tokens, heads = q.shape[0], self.num_heads
         latent = torch.cat([kv_c, k_pe], dim=-1).view(num_tokens, 1, -1)
-        cache[ctx.slot_mapping[valid]] = latent[valid].to(cache.dtype)
+        reshape_and_cache(latent, latent[..., :0], k_cache, v_cache, ctx.slot_mapping)
+        if ctx.max_query_len == 1:
+            return self._absorbed(q.view(num_tokens, heads, -1), k_cache, ctx)
+        return self._expanded(q, k_cache, ctx)
 
+    def _absorbed(self, q: torch.Tensor, cache: torch.Tensor, ctx) -> torch.Tensor:
+        """One query per sequence (``q [B, H, nope + rope]``): attention over the cached latents themselves, read
+        in place through the block table; nothing here reads the host, so a decode graph can capture it."""
+        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        q_latent = torch.einsum("bhn,hnl->bhl", q_nope, self.w_uk.to(q.dtype))
+        q_abs = torch.cat([q_latent, q_pe], dim=-1)  # [B, H, kv_lora_rank + rope]
+        block_table, seq_lens = ctx.paged(cache.shape[1])
+        out_latent = mla_decode(q_abs, cache[:, :, 0], block_table, seq_lens, self.scale, self.kv_lora_rank)
+        out = torch.einsum("bhl,hvl->bhv", out_latent, self.w_uv.to(q.dtype))
+        return out.reshape(q.shape[0], self.num_heads * self.v_dim)
+
+    def _expanded(self, q: torch.Tensor, cache: torch.Tensor, ctx) -> torch.Tensor:
+        """Steps with prompt tokens: per-head keys and values made from each sequence's cached latents."""
         batch, width, heads = ctx.batch_size, ctx.max_query_len, self.num_heads
         q_pad = q.new_zeros(batch * width, heads, self.nope_dim + self.rope_dim)
-        q_pad[ctx.token_index()] = q.view(num_tokens, heads, -1)
+        q_pad[ctx.token_index()] = q.view(q.shape[0], heads, -1)
         q_pad = q_pad.view(batch, width, heads, -1).transpose(1, 2)  # [B, H, W, nope + rope]
-        q_nope, q_pe = q_pad.split([self.nope_dim, self.rope_dim], dim=-1)
-        if width == 1:
-            # absorbed: attention over the cached latents themselves, read in place through the block table
-            q_latent = torch.einsum("bhn,hnl->bhl", q_nope[:, :, 0], self.w_uk.to(q.dtype))
-            q_abs = torch.cat([q_latent, q_pe[:, :, 0]], dim=-1)  # [B, H, kv_lora_rank + rope]
-            block_size = host.kv_cache.block_size
-            block_table, seq_lens = ctx.paged(block_size)
-            out_latent = mla_decode(q_abs, cache.view(-1, block_size, cache.shape[-1]), block_table, seq_lens,
-                                    self.scale, self.kv_lora_rank)
-            out = torch.einsum("bhl,hvl->bhv", out_latent, self.w_uv.to(q.dtype))[:, None]
-        else:
-            context = cache[ctx.slot_table][:, :, 0].to(q.dtype)  # [B, S, kv_lora_rank + rope]
-            c, pe = context.split([self.kv_lora_rank, self.rope_dim], dim=-1)
-            mask = ctx.mask(None)
-            k_nope = torch.einsum("bsl,hnl->bhsn", c, self.w_uk.to(q.dtype))
-            keys = torch.cat([k_nope, pe[:, None].expand(-1, heads, -1, -1)], dim=-1)
-            values = torch.einsum("bsl,hvl->bhsv", c, self.w_uv.to(q.dtype))
-            out = F.scaled_dot_product_attention(q_pad, keys, values, attn_mask=mask, scale=self.scale)
-            out = out.transpose(1, 2)
-        return out.reshape(batch * width, heads * self.v_dim)[ctx.token_index()]
+        context = cache.view(-1, cache.shape[-1])[ctx.slot_table].to(q.dtype)  # [B, S, kv_lora_rank + rope]
+        c, pe = context.split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        k_nope = torch.einsum("bsl,hnl->bhsn", c, self.w_uk.to(q.dtype))
+        keys = torch.cat([k_nope, pe[:, None].expand(-1, heads, -1, -1)], dim=-1)
+        values = torch.einsum("bsl,hvl->bhsv", c, self.w_uv.to(q.dtype))
+        out = F.scaled_dot_product_attention(q_pad, keys, values, attn_mask=ctx.mask(None), scale=self.scale)
+        return out.transpose(1, 2).reshape(batch * width, heads * self.v_dim)[ctx.token_index()]

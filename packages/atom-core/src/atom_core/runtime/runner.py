@@ -17,7 +17,7 @@ from atom_core.host import TensorParallel
 from atom_core.loader import Checkpoint
 from atom_core.quant import parse_quant_config
 from atom_core.runtime.context import StepContext
-from atom_core.runtime.graphs import DecodeGraphs, graphs_unsupported
+from atom_core.runtime.graphs import DecodeGraphs
 from atom_core.runtime.host import NativeHost
 from atom_core.runtime.kv_cache import SequenceSlots
 from atom_core.runtime.multimodal import ImageInputs, Prompt, as_prompt
@@ -91,13 +91,7 @@ class Runner:
         self.eos_token_ids = _eos_ids(self.hf_config, self.model_dir)
         self.position_rows = self.model.position_rows  # 3: the model wants MRoPE positions
         # decode steps replayed from CUDA graphs per batch bucket (on the CPU: the same padded steps, run eagerly)
-        self.decode_graphs: DecodeGraphs | None = None
-        if cuda_graphs:
-            why = graphs_unsupported(self.host, uses_images=False)
-            if why is None:
-                self.decode_graphs = DecodeGraphs(self.model, self.host, self.device, self.position_rows)
-            else:
-                logger.warning("%s: decode runs without CUDA graphs: %s", self.spec.name, why)
+        self.decode_graphs = DecodeGraphs(self.model, self.host, self.device, self.position_rows) if cuda_graphs else None
 
     # ------------------------------------------------------------------------------------- steps
     def _ensure_cache(self, slots_needed: int) -> None:

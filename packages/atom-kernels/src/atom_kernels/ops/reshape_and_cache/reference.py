@@ -30,5 +30,5 @@ def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scal
     check_cache_args(k, v, k_cache, v_cache, slot_mapping)
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = _store_dtype(k[valid], k_scale, k_cache)
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = _store_dtype(v[valid], v_scale, v_cache)
+    k_cache.flatten(0, 1)[slots] = _store_dtype(k[valid], k_scale, k_cache)  # flatten: a view, even of 0 elements
+    v_cache.flatten(0, 1)[slots] = _store_dtype(v[valid], v_scale, v_cache)
