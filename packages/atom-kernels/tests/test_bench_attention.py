@@ -40,5 +40,9 @@ def test_attention_bench_rows(monkeypatch):
         assert r["atom_over_again"] == 1.0 and r["gone_us"] == "unavailable: no such kernel here"
         assert r["broken_us"] == "error: RuntimeError: set-up failed" and "atom_over_broken" not in r
     assert rows[0]["copies"] > 1  # small caches are cycled over copies
+    prefill = [r for r in rows if r["case"].startswith("prefill")]
+    assert "sweep_us" not in rows[0] and all(r["sweep_best"] in r["sweep_us"] for r in prefill)
+    assert all(len(r["sweep_us"]) == len(attention.PREFILL_SWEEP) and r["sweep_err"] < 5e-2 for r in prefill)
+    assert all(us == 10.0 for r in prefill for us in r["sweep_us"].values())  # every configuration ran
     plain = attention.run(ctx)  # no --peers: ATOM and SDPA only
     assert not [key for key in plain[0] if key.startswith(("again", "gone", "broken"))]

@@ -9,7 +9,8 @@ skipped).  Prefill (varlen, causal): 4 sequences x 2048 new tokens after 0 and 2
 sequence.  Each sequence's blocks are scattered over the cache; small caches are cycled over several copies so the
 L2 cache does not hold them.
 
-Columns: ``<impl>_us`` (median of CUDA-graph replays, see :func:`timing.measure`), ``<impl>_err`` (max abs error
+Prefill rows also time ATOM under each PREFILL_SWEEP launch configuration (``sweep_us``, ``sweep_err``,
+``sweep_best``).  Columns: ``<impl>_us`` (median of CUDA-graph replays, see :func:`timing.measure`), ``<impl>_err`` (max abs error
 against an fp32 SDPA reference over the first REF_SEQS sequences), ``atom_over_<peer>`` (ATOM's time / the peer's),
 ``bytes`` (K/V read once, q read, out written), ``flops`` and ``floor_us`` (max of bytes / copy bandwidth and flops /
 bf16 matmul rate), ``atom_GBps``.  A peer that cannot be imported reads ``"unavailable: ..."``, one that fails
@@ -38,6 +39,10 @@ CACHE_LIMIT = 40e9  # K + V bytes
 DENSE_LIMIT = 12e9  # the dense K/V copy SDPA is timed on
 L2_DEFEAT_BYTES = 256 << 20
 REF_SEQS = 4
+# Prefill launch configurations timed beside the default (block_m rows = queries x group heads, block_n keys per
+# step, warps, pipeline stages): what the prefill default is chosen from.
+PREFILL_SWEEP = tuple(pa_triton.Config(block_m=m, block_n=n, num_warps=w, num_stages=st) for m, n, w, st in (
+    (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2)))
 
 
 class Case:
@@ -95,12 +100,33 @@ class Case:
         return out.transpose(1, 2).reshape(seqs * self.new, HEADS, DIM)
 
 
-def atom(case: Case):
+def atom(case: Case, config: pa_triton.Config | None = None):
     def call():
         i = case.next()
         k, v = case.caches[i]
-        return pa_triton.paged_attention(case.q, k, v, case.tables[i], case.seq_lens, case.qsl, case.scale)
+        return pa_triton.paged_attention(case.q, k, v, case.tables[i], case.seq_lens, case.qsl, case.scale,
+                                         config=config)
     return call
+
+
+def config_label(cfg: pa_triton.Config) -> str:
+    return f"m{cfg.block_m}-n{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}"
+
+
+def sweep_prefill(case: Case, want: torch.Tensor, ref_tokens: int, index0: int) -> dict:
+    """ATOM's prefill under each PREFILL_SWEEP launch configuration: ``{label: us}`` (or the error), the largest
+    error against the reference over the configurations that ran, and the fastest label."""
+    times, worst = {}, 0.0
+    for cfg in PREFILL_SWEEP:
+        fn = atom(case, cfg)
+        try:
+            case.index = index0
+            worst = max(worst, (fn()[:ref_tokens].float() - want).abs().max().item())
+            times[config_label(cfg)] = measure(fn, calls_per_graph=case.copies, reps=10)["us"]
+        except Exception as err:  # a configuration that does not fit (registers, shared memory) is a cell saying so
+            times[config_label(cfg)] = f"error: {type(err).__name__}: {err}"[:200]
+    timed = {label: us for label, us in times.items() if isinstance(us, float)}
+    return {"sweep_us": times, "sweep_err": worst, "sweep_best": min(timed, key=timed.get) if timed else None}
 
 
 def atom_splits(case: Case) -> int:
@@ -169,6 +195,8 @@ def bench_case(phase: str, batch: int, new: int, cached: int, ctx: dict, device=
         for peer in makers:
             if isinstance(row.get(f"{peer}_us"), float):
                 row[f"atom_over_{peer}"] = row["atom_us"] / row[f"{peer}_us"]
+    if phase == "prefill":
+        row.update(sweep_prefill(case, want, ref_tokens, index0))
     return row
 
 
