@@ -7,6 +7,11 @@ every check sees a fresh process (vLLM loads plugins once per process) with its 
                                     DIR[@DTYPE[@SSM_DTYPE]]...
                                     LLM.generate, greedy (DTYPE: the model's dtype, float32 unless given;
                                     SSM_DTYPE: vLLM's mamba_ssm_cache_dtype, "auto" unless given)
+    python vllm_probe.py backend   --out F -                ATOM's attention backend: registration, vLLM's
+                                                            capability checks, forward on vLLM's metadata
+
+``construct`` and ``generate`` take ``--attention-backend NAME`` (vLLM's ``attention_config.backend``); they then
+run on :data:`SELECTING_CPU_PLATFORM`, vLLM's CPU platform that honours ``CUSTOM`` as vLLM's CUDA platform does.
 
 Everything runs under ``if __name__ == "__main__":`` (vLLM may spawn processes that re-import this file).
 """
@@ -102,6 +107,55 @@ def _cpu_platform_without_triton() -> None:
             vllm.triton_utils.HAS_TRITON = False
 
     platform.check_and_update_config = classmethod(check_and_update_config)
+
+
+SELECTING_PLATFORM_MODULE = "atom_vllm_test_selecting_cpu_platform"
+# vLLM's CPU platform picks its own attention backend whatever --attention-backend says (CPU_ATTN, or CPU_MLA /
+# AMX_MLA for latent attention; "Cannot use CUSTOM backend on CPU." in its log).  This subclass answers a CUSTOM
+# selection the way vLLM's CUDA platform answers any selection: the backend's own validate_configuration, then
+# that class or vLLM's "Selected backend ... is not valid" error; every other selection goes to vLLM's CPU platform.
+SELECTING_CPU_PLATFORM = """
+from vllm.platforms.cpu import CpuPlatform
+
+
+class SelectingCpuPlatform(CpuPlatform):
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
+        if selected_backend is None or selected_backend.name != "CUSTOM":
+            return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
+        backend = selected_backend.get_class()
+        reasons = backend.validate_configuration(device_capability=None, **attn_selector_config._asdict())
+        if reasons:
+            raise ValueError(f"Selected backend {selected_backend} is not valid for this configuration. "
+                             f"Reason: {reasons}")
+        return selected_backend.get_path()
+
+
+def activate():
+    return "atom_vllm_test_selecting_cpu_platform.SelectingCpuPlatform"
+"""
+
+
+def _selecting_cpu_platform() -> None:
+    """:data:`SELECTING_CPU_PLATFORM` as the only out-of-tree platform (``vllm.platform_plugins``; an activated
+    out-of-tree platform wins over vLLM's built-in detection in every supported release).  From 0.28 vLLM consults no
+    platform plugin when ``VLLM_TARGET_DEVICE=cpu``, so that is unset here.  Must run before vLLM is imported."""
+    os.environ.pop("VLLM_TARGET_DEVICE", None)
+    root = Path(tempfile.mkdtemp(prefix="atom-vllm-selecting-platform-"))
+    (root / f"{SELECTING_PLATFORM_MODULE}.py").write_text(SELECTING_CPU_PLATFORM)
+    info = root / f"{SELECTING_PLATFORM_MODULE}-0.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {SELECTING_PLATFORM_MODULE}\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[vllm.platform_plugins]\natom_test_selecting_cpu = {SELECTING_PLATFORM_MODULE}:activate\n")
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+
+
+def _attention_layers(model) -> dict:
+    """Each vLLM attention layer of the model -> ``"backend.module.Class / ImplClass"``."""
+    return {name: f"{m.attn_backend.__module__}.{m.attn_backend.__qualname__} / {type(m.impl).__name__}"
+            for name, m in model.named_modules() if hasattr(m, "impl") and hasattr(m, "attn_backend")}
 
 
 _distributed = False
@@ -306,11 +360,15 @@ def _multimodal_checks(model, model_dir: str) -> dict:
     return out
 
 
-def construct(dirs: list[str], errors: bool = False) -> list[dict]:
+def construct(dirs: list[str], errors: bool = False, attention_backend: str | None = None) -> list[dict]:
     """Build each model the way vLLM's loader does, with every parameter first filled with NaN, then let
     vLLM's DefaultModelLoader feed its weight iterator to the model's load_weights.  ``errors``: a directory
-    whose construction or load raises gives ``{"dir", "error_type", "error"}`` instead, and the next one runs."""
-    _force_cpu_platform()
+    whose construction or load raises gives ``{"dir", "error_type", "error"}`` instead, and the next one runs.
+    ``attention_backend``: vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM`."""
+    if attention_backend:
+        _selecting_cpu_platform()
+    else:
+        _force_cpu_platform()
     _cpu_platform_without_triton()
     import torch
     from vllm.config import set_current_vllm_config
@@ -323,13 +381,15 @@ def construct(dirs: list[str], errors: bool = False) -> list[dict]:
     for model_dir in dirs:
         if errors:
             try:
-                out += construct([model_dir])
+                out += construct([model_dir], attention_backend=attention_backend)
             except Exception as err:
                 out.append({"dir": model_dir, "error_type": f"{type(err).__module__}.{type(err).__qualname__}",
                             "error": str(err)})
             continue
         began = time.perf_counter()
-        args = EngineArgs(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True)
+        backend = {"attention_backend": attention_backend} if attention_backend else {}
+        args = EngineArgs(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True,
+                          **backend)
         vllm_config = args.create_engine_config()
         model_config = vllm_config.model_config
         with set_current_vllm_config(vllm_config):
@@ -363,7 +423,7 @@ def construct(dirs: list[str], errors: bool = False) -> list[dict]:
             "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
             "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
             "spot_checks": _spot_checks(params, _checkpoint(model_dir)), "state_contract": state_contract,
-            "multimodal": multimodal,
+            "multimodal": multimodal, "attention_layers": _attention_layers(model),
             "seconds": round(seconds, 2), "wall_seconds": round(time.perf_counter() - began, 2),
         })
     return out
@@ -380,9 +440,13 @@ def _compiled_class(model) -> str:
 
 
 def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False,
-             tensor_parallel_size: int = 1) -> list[dict]:
+             tensor_parallel_size: int = 1, attention_backend: str | None = None) -> list[dict]:
     """Greedy tokens of each checkpoint; ``compiled``: with vLLM's torch.compile (its default), else eager;
-    ``tensor_parallel_size`` > 1: vLLM's tensor parallelism, one worker process per rank."""
+    ``tensor_parallel_size`` > 1: vLLM's tensor parallelism, one worker process per rank; ``attention_backend``:
+    vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM` (a checkpoint whose engine refuses to start
+    gives ``{"dir", "error_type", "error"}`` and the next one runs)."""
+    if attention_backend:
+        _selecting_cpu_platform()
     # The engine core in this process: no engine-core process start-up (each re-imports vLLM).  At TP=1 its one
     # worker runs here too; at TP > 1 vLLM's multiprocessing executor spawns a worker per rank, which share the
     # TP group over torch.distributed (gloo) and vLLM's CPU shared-memory communicator.
@@ -400,18 +464,28 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
         dtype, _, ssm_dtype = dtypes.partition("@")
         dtype = dtype or "float32"
         cache = {"mamba_ssm_cache_dtype": ssm_dtype} if ssm_dtype else {}
+        if attention_backend:
+            cache["attention_backend"] = attention_backend
         start = time.perf_counter()
-        llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=not compiled, dtype=dtype, max_model_len=256,
-                  max_num_seqs=4, seed=0, tensor_parallel_size=tensor_parallel_size, **cache)
+        try:
+            llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=not compiled, dtype=dtype,
+                      max_model_len=256, max_num_seqs=4, seed=0, tensor_parallel_size=tensor_parallel_size, **cache)
+        except Exception as err:
+            if not attention_backend:
+                raise
+            out.append({"dir": model_dir, "dtype": dtype, "error_type": type(err).__name__, "error": str(err)})
+            _release()
+            continue
         started = time.perf_counter() - start
         classes = llm.apply_model(_model_class)  # one per rank
+        attention = llm.apply_model(_attention_layers)[0]
         module, qualname = classes[0]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
         results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         compiled_classes = llm.apply_model(_compiled_class)
         out.append({"dir": model_dir, "dtype": dtype, "module": module, "qualname": qualname,
                     "compiled": bool(compiled_classes[0]), "tensor_parallel_size": tensor_parallel_size,
-                    "rank_classes": [".".join(c) for c in classes],
+                    "rank_classes": [".".join(c) for c in classes], "attention_layers": attention,
                     "tokens": [list(r.outputs[0].token_ids) for r in results],
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
         del llm
@@ -430,7 +504,7 @@ def _release() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["resolve", "construct", "generate"])
+    parser.add_argument("command", choices=["resolve", "construct", "generate", "backend"])
     parser.add_argument("dirs", nargs="+")
     parser.add_argument("--out", required=True)
     parser.add_argument("--prompts", default="[[1, 2, 3, 4]]")
@@ -439,14 +513,19 @@ def main() -> None:
     parser.add_argument("--compiled", choices=["yes", "no"], default="no")
     parser.add_argument("--errors", choices=["yes", "no"], default="no")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--attention-backend", default=None)
     args = parser.parse_args()
     if args.command == "resolve":
         result = resolve(args.dirs, inspect=args.inspect == "yes")
     elif args.command == "construct":
-        result = construct(args.dirs, errors=args.errors == "yes")
+        result = construct(args.dirs, errors=args.errors == "yes", attention_backend=args.attention_backend)
+    elif args.command == "backend":
+        from attention_backend_checks import check_backend
+
+        result = check_backend()
     else:
         result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes",
-                          tensor_parallel_size=args.tensor_parallel_size)
+                          tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend)
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 
