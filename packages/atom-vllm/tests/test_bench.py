@@ -119,3 +119,30 @@ def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit):
         main([*argv, "--out", "unused.json"])
     assert message in capsys.readouterr().err
+
+
+def test_every_model_has_a_real_shape_and_the_engine_arguments_its_kind_needs():
+    """Hybrid models take the Triton GDN prefill (vLLM's FlashInfer one is not in the offline bundle) and
+    multimodal ones run text-only (a random checkpoint has no tokenizer or image processor), both classes alike."""
+    from atom_core import catalog
+    from atom_core.bench import SHAPES
+
+    assert set(bench.ENGINE_ARGS) <= set(bench.MODELS)
+    for name, (arch, _) in bench.MODELS.items():
+        assert arch in SHAPES, name
+        caps, args = catalog.get(arch).capabilities, bench.ENGINE_ARGS.get(name, {})
+        assert (args.get("additional_config", {}).get("gdn_prefill_backend") == "triton") == (catalog.HYBRID in caps)
+        assert args.get("language_model_only", False) == (catalog.MULTIMODAL in caps), name
+
+
+def test_random_prompts_of_a_multimodal_checkpoint_stay_below_its_placeholder_ids(tmp_path):
+    # Qwen3.5-MoE's config.json: the vocabulary in text_config, placeholder ids inside it
+    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "text_config": {"vocab_size": 248320},
+              "image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+              "vision_end_token_id": 248054}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert bench.prompt_vocab(tmp_path) == 248053
+    prompts = bench.agreement_prompts(tmp_path)
+    assert len(prompts) == bench.AGREEMENT_PROMPTS and max(max(p) for p in prompts) < 248053
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))  # a text model's
+    assert bench.prompt_vocab(tmp_path) == 151936

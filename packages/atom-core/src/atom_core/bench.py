@@ -57,11 +57,45 @@ SHAPES = {
                               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
                                                "original_max_position_embeddings": 4096, "beta_fast": 32.0,
                                                "beta_slow": 1.0, "truncate": False}),  # gpt-oss-120b
+    # Qwen3.5-35B-A3B's text model (SSM state in fp32, as its config asks); its vision tower has the real widths
+    # but 2 of 27 blocks (text prompts never reach it); real placeholder ids.
+    "Qwen3_5MoeForConditionalGeneration": dict(
+        text_config=dict(hidden_size=2048, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                         num_experts=256, num_experts_per_tok=8, num_attention_heads=16, num_key_value_heads=2,
+                         head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                         linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
+                         mamba_ssm_dtype="float32", vocab_size=248320, max_position_embeddings=262144,
+                         tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0,
+                                          "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                                          "mrope_interleaved": True}),
+        vision_config=dict(depth=2, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
+                           temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=2048,
+                           num_position_embeddings=2304),
+        image_token_id=248056, video_token_id=248057, vision_start_token_id=248053, vision_end_token_id=248054,
+        tie_word_embeddings=False),
 }
-# Layer schedules of the real models (Qwen3-Next: every 4th layer full attention; gpt-oss: sliding and full
-# attention alternating), cut to the bench's layer count.
+# Layer schedules of the real models (Qwen3-Next, Qwen3.5: every 4th layer full attention; gpt-oss: sliding and
+# full attention alternating), cut to the bench's layer count.
 LAYER_TYPES = {"Qwen3NextForCausalLM": ["linear_attention"] * 3 + ["full_attention"],
+               "Qwen3_5MoeForConditionalGeneration": ["linear_attention"] * 3 + ["full_attention"],
                "GptOssForCausalLM": ["sliding_attention", "full_attention"]}
+# Config keys of a multimodal model's placeholder tokens: random text prompts stay below them (a prompt holding
+# an image or video placeholder without its pixels is no text prompt; ATOM's MRoPE positions refuse it).
+PLACEHOLDER_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def text_fields(config: dict) -> dict:
+    """The text model's fields of a checkpoint's ``config.json``: its ``text_config`` where it nests one
+    (multimodal models), else the config itself."""
+    return config.get("text_config", config)
+
+
+def prompt_vocab(config: dict) -> int:
+    """Random text prompts of a checkpoint draw token ids below this: its text vocabulary size, cut at its
+    lowest multimodal placeholder id."""
+    placeholders = [config[k] for k in PLACEHOLDER_KEYS if isinstance(config.get(k), int)]
+    return min([text_fields(config)["vocab_size"], *placeholders])
 
 
 def _sync(device: str) -> None:
@@ -81,15 +115,27 @@ def _wall(fn, device: str, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def write_checkpoint(arch: str, layers: int, out: Path, dtype: torch.dtype, device: str, shape: dict | None = None) -> Path:
+def checkpoint_config(arch: str, layers: int, shape: dict | None = None):
+    """The config of ``arch`` at ``shape`` (default: its real shape in ``SHAPES``) with ``layers`` layers in the
+    real layer schedule.  Where the architecture's config nests the text model's (``text_config`` of a
+    multimodal model), the layer count and schedule go there."""
     spec = catalog.get(arch)
     shape = dict(shape if shape is not None else SHAPES[arch])
-    if arch in LAYER_TYPES and "layer_types" not in shape:
+    text = shape
+    if "text_config" in spec.tiny:
+        text = shape["text_config"] = dict(shape.get("text_config", {}))
+    text["num_hidden_layers"] = layers
+    if arch in LAYER_TYPES and "layer_types" not in text:
         pattern = LAYER_TYPES[arch]
-        shape["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
-    config = tiny_config(arch, num_hidden_layers=layers, **shape)
+        text["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
+    return tiny_config(arch, **shape)
+
+
+def write_checkpoint(arch: str, layers: int, out: Path, dtype: torch.dtype, device: str, shape: dict | None = None) -> Path:
+    """A random checkpoint (transformers' reference class, ``save_pretrained``) of :func:`checkpoint_config`."""
+    config = checkpoint_config(arch, layers, shape)
     with torch.device(device):
-        model = spec.hf_model_class()(config).to(dtype)
+        model = catalog.get(arch).hf_model_class()(config).to(dtype)
     model.save_pretrained(str(out))
     return out
 
@@ -111,7 +157,7 @@ def run(arch: str, layers: int, batch: int, prompt_len: int, decode_tokens: int,
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_checkpoint(arch, layers, Path(tmp), dtype, device, shape)
-        vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+        vocab = prompt_vocab(json.loads((ckpt / "config.json").read_text()))
         gen = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, vocab, (batch, prompt_len), generator=gen)
         prompt_lists = prompts.tolist()

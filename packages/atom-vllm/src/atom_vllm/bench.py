@@ -48,11 +48,18 @@ MODELS: dict[str, tuple[str, int]] = {
     "qwen3-next-80b-a3b": ("Qwen3NextForCausalLM", 4),
     "deepseek-v3": ("DeepseekV3ForCausalLM", 2),  # one dense layer, one with 256 experts
     "gpt-oss-120b": ("GptOssForCausalLM", 2),  # one sliding-window layer, one full
+    "qwen3.5-35b-a3b": ("Qwen3_5MoeForConditionalGeneration", 4),  # three linear-attention layers, one full
 }
-# Engine arguments a model needs, given to both implementations.  vLLM's own Qwen3-Next takes FlashInfer's
-# JIT-compiled GDN prefill on Hopper by default; the Triton (flash-linear-attention) one needs no compiler
-# on the machine and FlashInfer is not part of the offline bundle.  ATOM's class ignores the setting.
-ENGINE_ARGS: dict[str, dict] = {"qwen3-next-80b-a3b": {"additional_config": {"gdn_prefill_backend": "triton"}}}
+# Engine arguments a model needs, given to both implementations.  vLLM's own Qwen3-Next and Qwen3.5 take
+# FlashInfer's JIT-compiled GDN prefill on Hopper by default; the Triton (flash-linear-attention) one needs no
+# compiler on the machine and FlashInfer is not part of the offline bundle.  ATOM's classes ignore the setting.
+# Qwen3.5 runs text-only (``language_model_only``: no image or video inputs, so no multimodal processor, which
+# needs the tokenizer and image-processor files a random checkpoint lacks, and no encoder profiling; vLLM's own
+# class then builds no vision tower, ATOM's loads the checkpoint's two-block one).  Random prompts stay below the
+# placeholder ids (``prompt_vocab``).
+_TRITON_GDN = {"additional_config": {"gdn_prefill_backend": "triton"}}
+ENGINE_ARGS: dict[str, dict] = {"qwen3-next-80b-a3b": _TRITON_GDN,
+                                "qwen3.5-35b-a3b": {**_TRITON_GDN, "language_model_only": True}}
 FORMATS = ("bf16", "fp8-block", "ptpc-fp8", "mxfp4")  # bf16 as written; the rest through atom quantize
 IMPLS: dict[str, dict[str, str]] = {"vllm": {"ATOM_DISABLE_VLLM_PLUGIN": "1"}, "atom": {"ATOM_DISABLE_VLLM_PLUGIN": "0"}}
 # every engine: llm.apply_model ships a function to the worker (vLLM refuses pickled callables otherwise)
@@ -68,9 +75,16 @@ def random_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[
     return torch.randint(10, vocab, (count, length), generator=gen).tolist()
 
 
+def prompt_vocab(model_dir: Path) -> int:
+    """Random prompts of a checkpoint draw token ids below this (:func:`atom_core.bench.prompt_vocab`)."""
+    from atom_core.bench import prompt_vocab as below
+
+    return below(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
 def agreement_prompts(model_dir: Path) -> list[list[int]]:
     """The fixed prompt set of a random-weight checkpoint: random tokens, lengths 16 to 211."""
-    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    vocab = prompt_vocab(model_dir)
     return [p[: 16 + 13 * i] for i, p in enumerate(random_prompts(vocab, AGREEMENT_PROMPTS, 256, seed=1))]
 
 
@@ -88,7 +102,7 @@ class Engine:
         from vllm import LLM
 
         self.job = job
-        self.vocab = json.loads((Path(job["model_dir"]) / "config.json").read_text())["vocab_size"]
+        self.vocab = prompt_vocab(Path(job["model_dir"]))
         extra = {}
         if job.get("profile_dir"):
             from vllm.config import ProfilerConfig
@@ -442,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(Path(tmp) / name)  # a real-shape checkpoint takes tens of GB: one model's on disk at a time
         for name, model_dir in real.items():
             config = json.loads((Path(model_dir) / "config.json").read_text())
-            entry = {"model": name, "arch": config["architectures"][0], "layers": config["num_hidden_layers"],
+            entry = {"model": name, "arch": config["architectures"][0],
+                     "layers": config.get("text_config", config)["num_hidden_layers"],
                      "format": "real weights"}
             report["models"].append(entry)
             compare(entry, Path(model_dir), impls, batches, args, {}, text_prompts(Path(model_dir)), save)
