@@ -64,8 +64,11 @@ class FakeEngine:
 
     fail_batch = None
 
+    jobs: list = []
+
     def __init__(self, impl, job, workdir):
         self.impl, self.ready = impl, {"module": f"{impl}.models", "startup_s": 1.0}
+        FakeEngine.jobs.append((impl, job["attention_backend"]))
 
     def request(self, op, **kw):
         if op == "agreement":
@@ -110,10 +113,28 @@ def test_kernel_table_sums_gpu_time_per_kernel(tmp_path):
                                       "kernels": [["gemm", 5.0], ["copy", 1.0]]}
 
 
+def test_attention_backends_run_each_implementation_once_per_backend(monkeypatch, tmp_path):
+    """``--attention-backends default,CUSTOM``: one engine per implementation and backend, named IMPL@BACKEND, each
+    started with its backend; agreement is stated against the first engine."""
+    monkeypatch.setattr(bench, "EngineProcess", FakeEngine)
+    monkeypatch.setattr(FakeEngine, "jobs", [])
+    args = bench.argparse.Namespace(max_num_batched_tokens=64, gpu_memory_utilization=0.4, profile=False,
+                                    traces_out=None, reference=False, prompt_len=4, output_len=5, repeats=1)
+    impls = [bench.engine_name("atom", b) for b in ("default", "FLASH_ATTN", "CUSTOM")]
+    entry = {"model": "m"}
+    bench.compare(entry, tmp_path / "ckpt", impls, [2], args, {}, [[5, 6]], lambda: None)
+    assert FakeEngine.jobs == [("atom", None), ("atom@FLASH_ATTN", "FLASH_ATTN"), ("atom@CUSTOM", "CUSTOM")]
+    assert list(entry["impls"]) == ["atom", "atom@FLASH_ATTN", "atom@CUSTOM"]
+    assert sorted(entry["agreement_with_first"]) == ["atom@CUSTOM", "atom@FLASH_ATTN"]
+    assert "agreement" not in entry
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--models", "qwen3-9b"], "unknown model, implementation or format: qwen3-9b"),
     (["--formats", "int3"], "unknown model, implementation or format: int3"),
     (["--checkpoint", "smol=/nonexistent"], "--checkpoint: no config.json in /nonexistent"),
+    (["--attention-backends", "default,flash"], "--attention-backends: flash is not a vLLM backend name"),
+    (["--attention-backends", "CUSTOM"], "--attention-backends CUSTOM needs ATOM's plugin"),
 ])
 def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit):

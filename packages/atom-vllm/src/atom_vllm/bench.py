@@ -4,11 +4,14 @@
 
 For each model a random-weight checkpoint of the real shape (few layers) is written once, in bf16 and in each
 other format of ``--formats`` (``atom quantize``'s output, which both implementations load: the same bytes);
-``--checkpoint NAME=DIR`` adds a real checkpoint as it is.  Then, for each model and format, one engine
-process per implementation runs ``LLM.generate`` with vLLM's defaults (CUDA graphs, torch.compile, chunked
-prefill, prefix caching) and ``max_num_batched_tokens``.  The engines are alive together, each with an equal
-share of GPU memory, and take turns: every timed run of one is next to the same run of the other, so the
-machine's drift over minutes (clocks, neighbours) cannot favour the implementation that ran first.
+``--checkpoint NAME=DIR`` adds a real checkpoint as it is.  ``mxfp4`` is AMD Quark's dense MXFP4 for most
+models; for gpt-oss it is the published gpt-oss layout (MoE experts only, ``*_blocks`` / ``*_scales``,
+``quant_method: mxfp4``), the one vLLM's own gpt-oss class loads (:mod:`atom_core.quant.native_layouts`).
+Then, for each model and format, one engine process per implementation runs ``LLM.generate`` with vLLM's
+defaults (CUDA graphs, torch.compile, chunked prefill, prefix caching) and ``max_num_batched_tokens``.  The
+engines are alive together, each with an equal share of GPU memory, and take turns: every timed run of one is
+next to the same run of the other, so the machine's drift over minutes (clocks, neighbours) cannot favour the
+implementation that ran first.
 
 * agreement: greedy tokens and the log-probabilities of prompt and output tokens on a fixed prompt set;
 * speed, per batch size: ``repeats`` runs of ``batch`` random prompts (fresh ones every run, so the prefix
@@ -22,6 +25,12 @@ machine's drift over minutes (clocks, neighbours) cannot favour the implementati
 
 The implementation is chosen with atom-vllm's own switch (``ATOM_DISABLE_VLLM_PLUGIN=1`` gives vLLM's
 classes); the engine's module is recorded so a row cannot silently measure the wrong one.
+
+``--attention-backends default,FLASH_ATTN,TRITON_ATTN,CUSTOM`` runs each implementation once per vLLM attention
+backend (``--attention-backend``; ``default`` is vLLM's own choice, ``CUSTOM`` ATOM's paged-attention backend,
+:mod:`atom_vllm.attention_backend`): the engines are then named ``IMPL@BACKEND`` (``IMPL`` alone for ``default``),
+each records the backends its attention layers were built with, and agreement and the speed ratios are stated
+against the first engine.  ATOM's backend is registered by ATOM's plugin, so ``vllm@CUSTOM`` is not a combination.
 """
 
 from __future__ import annotations
@@ -95,6 +104,19 @@ def model_module(model) -> str:
     return type(model).__module__
 
 
+def attention_backends(model) -> list[str]:
+    """Run in vLLM's worker: the names of the attention backends the model's attention layers were built with."""
+    return sorted({m.attn_backend.get_name() for m in model.modules() if hasattr(m, "attn_backend")})
+
+
+def engine_name(impl: str, backend: str) -> str:
+    return impl if backend == "default" else f"{impl}@{backend}"
+
+
+def engine_impl(name: str) -> str:
+    return name.split("@", 1)[0]
+
+
 class Engine:
     """One ``LLM`` and the requests the comparison sends it: agreement, one timed run, one profiled run."""
 
@@ -110,12 +132,15 @@ class Engine:
             extra["profiler_config"] = ProfilerConfig(profiler="torch", torch_profiler_dir=job["profile_dir"],
                                                       torch_profiler_with_stack=False, torch_profiler_use_gzip=True,
                                                       ignore_frontend=True)
+        if job.get("attention_backend"):
+            extra["attention_backend"] = job["attention_backend"]
         began = time.perf_counter()
         self.llm = LLM(model=job["model_dir"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
                        max_num_batched_tokens=job["max_num_batched_tokens"],
                        gpu_memory_utilization=job["gpu_memory_utilization"], **job.get("engine_args", {}), **extra)
         self.startup_s = time.perf_counter() - began
         self.module = self.llm.apply_model(model_module)[0]
+        self.attention_backends = self.llm.apply_model(attention_backends)[0]
 
     def generate(self, prompts, max_tokens, **kw):
         from vllm import SamplingParams
@@ -127,7 +152,7 @@ class Engine:
         return results, time.perf_counter() - start
 
     def ready(self) -> dict:
-        return {"module": self.module, "startup_s": self.startup_s}
+        return {"module": self.module, "startup_s": self.startup_s, "attention_backends": self.attention_backends}
 
     def agreement(self) -> list[dict]:
         results, _ = self.generate(self.job["agreement_prompts"], AGREEMENT_TOKENS, logprobs=0, prompt_logprobs=0)
@@ -166,7 +191,7 @@ class EngineProcess:
         job_file = workdir / f"{impl}-job.json"
         job_file.write_text(json.dumps(job))
         read_fd, write_fd = os.pipe()
-        env = {**os.environ, **ENGINE_ENV, **IMPLS[impl]}
+        env = {**os.environ, **ENGINE_ENV, **IMPLS[engine_impl(impl)]}
         # run as atom_vllm.bench rather than __main__, so model_module pickles by an importable name
         code = "import sys; from atom_vllm.bench import main; sys.exit(main(sys.argv[1:]))"
         self.impl = impl
@@ -351,19 +376,24 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
     try:
         for impl in impls:  # one at a time: each engine's memory profiling must see the other's memory settled
             profile_dirs[impl] = workdir / f"profile-{model_dir.name}-{impl}"
+            backend = impl.split("@", 1)[1] if "@" in impl else None
             job = {"model_dir": str(model_dir), "max_num_batched_tokens": args.max_num_batched_tokens,
                    "gpu_memory_utilization": args.gpu_memory_utilization, "engine_args": engine_args,
-                   "agreement_prompts": prompts,
+                   "agreement_prompts": prompts, "attention_backend": backend,
                    "profile_dir": str(profile_dirs[impl]) if args.profile else None}
             engine = EngineProcess(impl, job, workdir)
             engines.append(engine)
             entry["impls"][impl] = {"module": engine.ready["module"], "startup_s": round(engine.ready["startup_s"], 1),
-                                    "batches": {}}
+                                    "attention_backends": engine.ready.get("attention_backends"), "batches": {}}
             save()
         agreement = {e.impl: e.request("agreement") for e in engines}
         if "vllm" in agreement and "atom" in agreement:
             entry["agreement"] = compare_agreement(agreement["vllm"], agreement["atom"])
-            save()
+        first = impls[0]
+        others = [i for i in impls[1:] if {first, i} != {"vllm", "atom"}]
+        if others:
+            entry["agreement_with_first"] = {i: compare_agreement(agreement[first], agreement[i]) for i in others}
+        save()
         for batch in batches:
             for impl, runs in timed_runs(engines, [batch], args).items():
                 entry["impls"][impl]["batches"][str(batch)] = summarize(runs, batch, args.output_len)
@@ -389,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m atom_vllm.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="qwen3-8b,qwen3-30b-a3b")
     parser.add_argument("--impls", default="vllm,atom")
+    parser.add_argument("--attention-backends", default="default",
+                        help="vLLM attention backends to run each implementation with, e.g. default,FLASH_ATTN,TRITON_ATTN,"
+                             "CUSTOM (CUSTOM: ATOM's paged attention; default: vLLM's own choice)")
     parser.add_argument("--formats", default="bf16", help=f"weight formats of the random checkpoints: {', '.join(FORMATS)}")
     parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR",
                         help="also compare on a real checkpoint (agreement on text prompts its tokenizer encodes)")
@@ -414,14 +447,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.out:
         parser.error("--out is required")
 
-    import torch
-    import vllm
-
-    impls = args.impls.split(",")
+    base_impls = args.impls.split(",")
+    backends = [b for b in args.attention_backends.split(",") if b]
+    bad_backends = [b for b in backends if b != "default" and not (b.isidentifier() and b.isupper())]
+    if bad_backends:
+        parser.error(f"--attention-backends: {', '.join(bad_backends)} is not a vLLM backend name (e.g. FLASH_ATTN, "
+                     "TRITON_ATTN, CUSTOM) or default")
+    if "vllm" in base_impls and "CUSTOM" in backends:
+        parser.error("--attention-backends CUSTOM needs ATOM's plugin, which --impls vllm turns off: use --impls atom")
     names = [m for m in args.models.split(",") if m]
     formats = args.formats.split(",")
     real = dict(item.split("=", 1) for item in args.checkpoint)
-    unknown = ([i for i in impls if i not in IMPLS] + [m for m in names if m not in MODELS]
+    unknown = ([i for i in base_impls if i not in IMPLS] + [m for m in names if m not in MODELS]
                + [f for f in formats if f not in FORMATS])
     if unknown:
         parser.error(f"unknown model, implementation or format: {', '.join(unknown)} (models: {', '.join(MODELS)}; "
@@ -430,12 +467,18 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"--checkpoint: no config.json in {', '.join(missing)}")
     batches = [int(b) for b in args.batches.split(",")]
+    impls = [engine_name(i, b) for i in base_impls for b in backends]
+
+    import torch
+    import vllm
+
     args.gpu_memory_utilization = args.gpu_memory_utilization or round(0.85 / len(impls), 2)
     report = {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
               "vllm": vllm.__version__, "torch": torch.__version__, "command": " ".join(sys.argv),
               "atom_commit": os.environ.get("ATOM_COMMIT"),
               "settings": {"dtype": "bfloat16", "prompt_len": args.prompt_len, "output_len": args.output_len,
                            "repeats": args.repeats, "max_num_batched_tokens": args.max_num_batched_tokens,
+                           "attention_backends": backends,
                            "gpu_memory_utilization": args.gpu_memory_utilization,
                            "engine": "LLM.generate, vLLM defaults (CUDA graphs + torch.compile), ignore_eos",
                            "protocol": "engines alive together, timed runs alternated, order swapped every repeat"},
@@ -467,13 +510,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(report: dict) -> None:
     print(f"{report['gpu']}, vLLM {report['vllm']}, {report['date']}")
-    print(f"{'model':28} {'batch':>5} {'impl':>5} {'tok/s (min-max)':>24} {'TPOT ms':>8} {'TTFT ms':>9} {'startup':>8}")
+    print(f"{'model':28} {'batch':>5} {'engine':>18} {'tok/s (min-max)':>24} {'TPOT ms':>8} {'TTFT ms':>9} {'startup':>8}")
     for entry in report["models"]:
         label = f"{entry['model']} {entry.get('format', 'bf16')}"
         for impl, result in entry["impls"].items():
             for batch, row in result["batches"].items():
                 t = row["output_tok_per_s"]
-                print(f"{label:28} {batch:>5} {impl:>5} {t['median']:>10.0f} ({t['min']:.0f}-{t['max']:.0f})"
+                print(f"{label:28} {batch:>5} {impl:>18} {t['median']:>10.0f} ({t['min']:.0f}-{t['max']:.0f})"
                       f"{row['tpot_ms']['median']:>8.2f} {row['ttft_ms']['median']:>9.1f} {result['startup_s']:>8.1f}")
             if "kernels" in result:
                 k = result["kernels"]
@@ -488,6 +531,16 @@ def print_table(report: dict) -> None:
                       / entry["impls"]["vllm"]["batches"][b]["output_tok_per_s"]["median"]
                       for b in entry["impls"]["atom"]["batches"]]
             print(f"{label}: ATOM / vLLM " + " / ".join(f"{r:.2f}" for r in ratios))
+        first, *others = entry["impls"]
+        for other in others:
+            if {first, other} == {"vllm", "atom"}:
+                continue
+            ratios = [entry["impls"][other]["batches"][b]["output_tok_per_s"]["median"]
+                      / entry["impls"][first]["batches"][b]["output_tok_per_s"]["median"]
+                      for b in entry["impls"][other]["batches"] if b in entry["impls"][first]["batches"]]
+            print(f"{label}: {other} / {first} tok/s per batch " + " / ".join(f"{r:.2f}" for r in ratios))
+        for other, agreement in entry.get("agreement_with_first", {}).items():
+            print(f"{label}: agreement {other} vs {first} {agreement}")
 
 if __name__ == "__main__":
     raise SystemExit(main())
