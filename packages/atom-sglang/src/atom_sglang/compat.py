@@ -178,6 +178,34 @@ CONTRACT: tuple[Symbol, ...] = (
             "enable_memory_saver"), used_by="SGLang's latent KV pool for DeepseekV3ForCausalLM (test_forward builds it)"),
     Symbol("sglang.srt.configs.model_config:AttentionArch.MLA",
            used_by="SGLang's ModelConfig choosing the latent pool from the architecture (test_registry)"),
+    # ATOM's paged attention as an SGLang attention backend (attention_backend.py, --attention-backend atom)
+    Symbol("sglang.srt.layers.attention.attention_registry:register_attention_backend", ("name",),
+           used_by="compat.register_attention_backend"),
+    Symbol("sglang.srt.server_args:add_attention_backend_choices", used_by="compat.register_attention_backend"),
+    Symbol("sglang.srt.server_args:ATTENTION_BACKEND_CHOICES", used_by="compat.register_attention_backend"),
+    Symbol("sglang.srt.layers.attention.base_attn_backend:AttentionBackend.forward_extend",
+           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), used_by="attention_backend.AtomAttnBackend"),
+    Symbol("sglang.srt.layers.attention.base_attn_backend:AttentionBackend.forward_decode",
+           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), used_by="attention_backend.AtomAttnBackend"),
+    Symbol("sglang.srt.layers.attention.base_attn_backend:AttentionBackend.init_forward_metadata", ("self", "forward_batch"),
+           used_by="attention_backend.AtomAttnBackend (eager steps)"),
+    Symbol("sglang.srt.layers.attention.base_attn_backend:AttentionBackend.init_forward_metadata_out_graph",
+           ("self", "forward_batch", "in_capture"), used_by="attention_backend.AtomAttnBackend (CUDA-graph capture, replay)"),
+    Symbol("sglang.srt.layers.attention.base_attn_backend:AttentionBackend.init_forward_metadata_in_graph",
+           ("self", "forward_batch"), used_by="attention_backend.AtomAttnBackend"),
+    Symbol("sglang.srt.layers.attention.base_attn_backend:AttentionBackend.init_cuda_graph_state",
+           ("self", "max_bs", "max_num_tokens"), used_by="attention_backend.AtomAttnBackend"),
+    Symbol("sglang.srt.layers.attention.base_attn_backend:AttentionBackend.get_cuda_graph_seq_len_fill_value", ("self",),
+           used_by="attention_backend.AtomAttnBackend"),
+    Symbol("sglang.srt.model_executor.forward_batch_info:ForwardBatch",
+           fields=("batch_size", "req_pool_indices", "seq_lens", "seq_lens_cpu", "extend_seq_lens", "out_cache_loc",
+                   "encoder_lens"), used_by="attention_backend.AtomAttnBackend"),
+    Symbol("sglang.srt.mem_cache.memory_pool:MHATokenToKVPool.get_key_buffer", ("self", "layer_id"),
+           fields=("is_quantized_kv_cache",), used_by="attention_backend.AtomAttnBackend (its K/V buffers as ATOM's cache)"),
+    Symbol("sglang.srt.mem_cache.memory_pool:MHATokenToKVPool.get_value_buffer", ("self", "layer_id"),
+           used_by="attention_backend.AtomAttnBackend"),
+    Symbol("sglang.srt.mem_cache.memory_pool:HybridLinearKVPool", used_by="compat.kv_pool_classes"),
+    Symbol("sglang.srt.mem_cache.base_swa_memory_pool:BaseSWAKVPool", used_by="compat.kv_pool_classes (refused)"),
 )
 
 # What the parallel context must report for ATOM's layers to shard correctly.
@@ -310,3 +338,48 @@ def deepstack_modalities() -> dict[Any, bool]:
     from sglang.srt.managers.schedule_batch import Modality
 
     return {Modality.IMAGE: True}
+
+
+# ------------------------------------------------------------------------------------ attention backend
+def attention_backend_base() -> type:
+    """SGLang's ``AttentionBackend`` (the base of :class:`atom_sglang.attention_backend.AtomAttnBackend`)."""
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+    return AttentionBackend
+
+
+def register_attention_backend(name: str, factory: Any) -> None:
+    """``factory(model_runner)`` in SGLang's attention-backend registry as ``name``, and ``name`` among the
+    ``--attention-backend`` choices (SGLang's extension point for out-of-tree backends; the argument parser and
+    ``ServerArgs`` read the list after the plugins have loaded).  Idempotent."""
+    from sglang.srt.layers.attention.attention_registry import register_attention_backend as register
+    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+
+    if name not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([name])
+    register(name)(factory)
+
+
+def kv_pool_classes() -> tuple[type, type, type]:
+    """SGLang's plain MHA token pool, its hybrid GDN pool (full-attention layers in an MHA pool) and the base of
+    its hybrid sliding-window pools."""
+    from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, MHATokenToKVPool
+
+    return MHATokenToKVPool, HybridLinearKVPool, BaseSWAKVPool
+
+
+def speculative_algorithm() -> str | None:
+    """The server's speculative-decoding algorithm (None when it decodes one token at a time)."""
+    from sglang.srt.runtime_context import get_spec
+
+    algorithm = get_spec().speculative_algorithm
+    name = None if algorithm is None else str(getattr(algorithm, "name", algorithm))
+    return None if name is None or name.upper() == "NONE" else name
+
+
+def dllm_algorithm() -> str | None:
+    """The server's diffusion-LM decoding algorithm (None for autoregressive models)."""
+    from sglang.srt.runtime_context import get_exec
+
+    return getattr(getattr(get_exec(), "dllm", None), "dllm_algorithm", None)

@@ -5,7 +5,9 @@ against the range atom-sglang supports (ci/pins.toml, shipped as ``_pins.py``). 
 whatever a plugin raises, so the refusal is also logged as an explicit error line, and the model
 classes check again when SGLang builds them (that error is not swallowed).
 
-Choosing ATOM's models stays the user's decision: ``SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models``.
+Choosing ATOM's models stays the user's decision: ``SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models``.  So does
+ATOM's attention backend: the plugin registers it in SGLang's attention-backend registry and adds ``atom`` to the
+``--attention-backend`` choices (:mod:`atom_sglang.attention_backend`); SGLang's default backend is unchanged.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def register() -> None:
     if reason is not None:
         logger.error("atom-sglang: %s", reason)
         raise compat.UnsupportedSGLangVersion(reason)
+    from atom_sglang import attention_backend
+
+    attention_backend.register()
     if os.environ.get(ENV) == PACKAGE:
         logger.info("atom-sglang: SGLang %s supported; ATOM's models are selected (%s=%s)", version, ENV, PACKAGE)
     else:
