@@ -17,7 +17,12 @@ requests and runs the model over ForwardBatches of their extend and decode steps
   each request's ``MultimodalInputs`` (text-only requests: none).
 
 Requests get rows 1.. of the pools (row 0 is SGLang's padding row) and mamba slots in reverse order, so a
-mix-up of request rows and state slots shows.
+mix-up of request rows and state slots shows.  KV pages are interleaved across requests (request b's k-th page of
+``page_size`` slots is page ``1 + k * num_requests + b``; page 0 is SGLang's padding page), so a request's
+context is never one contiguous run of slots.
+
+The attention backend is SGLang's torch-native one, or ``backend="atom"``: ATOM's, built through SGLang's
+attention-backend registry as its ModelRunner builds it (the plugin registers it).
 """
 
 from __future__ import annotations
@@ -33,15 +38,18 @@ MAX_CONTEXT = 160
 
 
 class SGLangCPUBatch:
-    def __init__(self, model, num_requests: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, model, num_requests: int, dtype: torch.dtype = torch.float32, *, backend: str = "torch_native",
+                 page_size: int = 1):
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
+        assert MAX_CONTEXT % page_size == 0
         self.model = model
         self.num_requests = num_requests
+        self.page_size = page_size
         self.rows = list(range(1, num_requests + 1))
         radix = compat.radix_attention_class()
         layers = [m for m in model.modules() if isinstance(m, radix)]
-        kv = dict(size=num_requests * MAX_CONTEXT + 1, page_size=1, dtype=dtype, head_num=layers[0].tp_k_head_num,
+        kv = dict(size=num_requests * MAX_CONTEXT, page_size=page_size, dtype=dtype, head_num=layers[0].tp_k_head_num,
                   head_dim=layers[0].head_dim, device="cpu", enable_memory_saver=False)
         self.hybrid = bool(model.atom_host.linear_attention_states)
         latent = [m for m in model.atom_host.attention_layers if isinstance(m, SGLangLatentAttention)]
@@ -53,7 +61,7 @@ class SGLangCPUBatch:
             self.req_pool = ReqToTokenPool(size=num_requests, max_context_len=MAX_CONTEXT, device="cpu",
                                            enable_memory_saver=False)
             self.kv_pool = MLATokenToKVPool(
-                size=kv["size"], page_size=1, dtype=dtype, kv_lora_rank=latent[0].kv_lora_rank,
+                size=kv["size"], page_size=page_size, dtype=dtype, kv_lora_rank=latent[0].kv_lora_rank,
                 qk_rope_head_dim=latent[0].rope_dim, layer_num=len(layers), device="cpu", enable_memory_saver=False,
             )
         else:
@@ -62,13 +70,21 @@ class SGLangCPUBatch:
             self.req_pool = ReqToTokenPool(size=num_requests, max_context_len=MAX_CONTEXT, device="cpu",
                                            enable_memory_saver=False)
             self.kv_pool = MHATokenToKVPool(layer_num=len(layers), **kv)
-        self.runner = SimpleNamespace(device="cpu", req_to_token_pool=self.req_pool, token_to_kv_pool=self.kv_pool)
-        self.backend = TorchNativeAttnBackend(self.runner)
+        self.runner = SimpleNamespace(device="cpu", req_to_token_pool=self.req_pool, token_to_kv_pool=self.kv_pool,
+                                      page_size=page_size, use_mla_backend=bool(latent), kv_index_translator=None)
+        if backend == "torch_native":
+            self.backend = TorchNativeAttnBackend(self.runner)
+        else:  # as SGLang's ModelRunner builds the backend --attention-backend names
+            from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+            self.backend = ATTENTION_BACKENDS[backend](self.runner)
         if self.hybrid:
             self.backend = self._hybrid_backend(model, [m.layer_id for m in layers])
-        for b, row in enumerate(self.rows):  # KV slot 0 is SGLang's padding slot
-            self.req_pool.req_to_token[row] = torch.arange(MAX_CONTEXT, dtype=torch.int32) + 1 + b * MAX_CONTEXT
+        pos = torch.arange(MAX_CONTEXT, dtype=torch.int32)
+        for b, row in enumerate(self.rows):  # page 0 is SGLang's padding page
+            self.req_pool.req_to_token[row] = (1 + pos // page_size * num_requests + b) * page_size + pos % page_size
         self.lengths = [0] * num_requests
+        self.graph_sizes: set[int] = set()  # decode graph sizes "captured" (graph_bs)
         self.mm_inputs: list = [None] * num_requests
         if hasattr(model, "get_image_feature"):  # the multimodal embedding cache SGLang's KV-cache builder sets up
             from sglang.srt.managers.mm_schedule import init_mm_embedding_cache
@@ -100,9 +116,14 @@ class SGLangCPUBatch:
                                  linear_attn_backends=resolve_linear_attn_backends(), model_config=None)
         return HybridLinearAttnBackend(self.backend, GDNAttnBackend(runner), full_layers)
 
-    def step(self, new_tokens: dict[int, list[int]]) -> torch.Tensor:
+    def step(self, new_tokens: dict[int, list[int]], *, graph_bs: int | None = None) -> torch.Tensor:
         """Run the model over the new tokens of some requests (``{request: tokens}``, in request order);
-        the next-token logits of each of them, in that order."""
+        the next-token logits of each of them, in that order.
+
+        ``graph_bs`` (decode steps): the batch as SGLang's decode CUDA-graph runner lays it out for a graph of that
+        many requests (padding requests on row 0 with the backend's fill length, writing to the padding slot), its
+        metadata prepared by the backend's capture / replay hook (the first such step captures) instead of the
+        eager one.  No graph is captured on the CPU: this checks the hooks' static buffers, not CUDA."""
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -118,6 +139,13 @@ class SGLangCPUBatch:
         rows = [self.rows[r] for r in reqs]
         slots = torch.cat([self.req_pool.req_to_token[row, s:e] for row, s, e in zip(rows, starts, ends)]).long()
         lens = [len(t) for t in toks]
+        if graph_bs is not None:
+            assert decode and graph_bs >= len(reqs)
+            pad = graph_bs - len(reqs)
+            ids = torch.cat([ids, torch.zeros(pad, dtype=ids.dtype)])
+            positions = torch.cat([positions, torch.zeros(pad, dtype=positions.dtype)])
+            rows, ends = rows + [0] * pad, ends + [self.backend.get_cuda_graph_seq_len_fill_value()] * pad
+            slots = torch.cat([slots, torch.zeros(pad, dtype=slots.dtype)])
         extend = {} if decode else dict(
             extend_num_tokens=sum(lens), extend_prefix_lens=torch.tensor(starts), extend_seq_lens=torch.tensor(lens),
             extend_start_loc=torch.tensor([sum(lens[:i]) for i in range(len(lens))], dtype=torch.int32),
@@ -125,7 +153,7 @@ class SGLangCPUBatch:
         )
         mm_inputs = [self.mm_inputs[r] for r in reqs]
         batch = ForwardBatch(
-            forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND, batch_size=len(reqs),
+            forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND, batch_size=len(rows),
             input_ids=ids, req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(ends), seq_lens_cpu=torch.tensor(ends),
             out_cache_loc=slots, seq_lens_sum=sum(ends), positions=positions,
             capture_hidden_mode=CaptureHiddenMode.NULL,
@@ -136,7 +164,13 @@ class SGLangCPUBatch:
                                        reqs=[SimpleNamespace(session=None) for _ in reqs])
             batch._compute_mrope_positions(SimpleNamespace(device="cpu"), schedule)
         with forward_context(ForwardContext(attn_backend=self.backend)):
-            self.backend.init_forward_metadata(batch)
+            if graph_bs is None:
+                self.backend.init_forward_metadata(batch)
+            else:
+                if not self.graph_sizes:
+                    self.backend.init_cuda_graph_state(max(self.num_requests, graph_bs), graph_bs)
+                self.backend.init_forward_metadata_out_graph(batch, in_capture=graph_bs not in self.graph_sizes)
+                self.graph_sizes.add(graph_bs)
             out = self.model.forward(ids, positions, batch)
         self.last_batch = batch
-        return out.next_token_logits
+        return out.next_token_logits[: len(reqs)]

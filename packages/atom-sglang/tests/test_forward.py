@@ -64,11 +64,12 @@ def test_prefill_and_decode_match_transformers(arch, cpu_runtime, tiny_checkpoin
             assert not ssm[0].any() and all(ssm[slot].any() for slot in batch.mamba_slots)
 
 
-def check_against_transformers(arch: str, path: str, model) -> SGLangCPUBatch:
+def check_against_transformers(arch: str, path: str, model, **batch_options) -> SGLangCPUBatch:
     """Chunked prefill of :data:`PROMPTS`, then greedy decode, through SGLang's CPU forward path: next-token
-    logits within :data:`ATOL` of transformers at every step and the same tokens.  The batch is returned."""
+    logits within :data:`ATOL` of transformers at every step and the same tokens.  The batch is returned.
+    ``batch_options``: :class:`SGLangCPUBatch`'s (attention backend, page size)."""
     ref_tokens, ref_logits = reference(arch, path)
-    batch = SGLangCPUBatch(model, len(PROMPTS))
+    batch = SGLangCPUBatch(model, len(PROMPTS), **batch_options)
     first = batch.step({0: PROMPTS[0], 1: PROMPTS[1], 2: PROMPTS[2][:FIRST_CHUNK]})
     rest = batch.step({2: PROMPTS[2][FIRST_CHUNK:]})  # extend_prefix_lens > 0
     logits = torch.stack([first[0], first[1], rest[0]])
