@@ -123,6 +123,19 @@ def test_decode_through_the_cuda_graph_hooks(page_size, models):
     assert len(pointers) == 1
 
 
+@torch.inference_mode()
+def test_fp8_kv_cache(models):
+    """SGLang's fp8 e4m3 pool (uint8 storage viewed as fp8): ATOM's op writes and reads it in place.  The prefill
+    logits stay within rounding of the fp32-cache run (measured 0.047 of ~1.3) and pick the same tokens."""
+    model = models("Qwen3ForCausalLM")
+    fp32 = SGLangCPUBatch(model, len(PROMPTS), backend="atom", page_size=4)
+    fp8 = SGLangCPUBatch(model, len(PROMPTS), torch.float8_e4m3fn, backend="atom", page_size=4)
+    a, b = (batch.step({i: p for i, p in enumerate(PROMPTS)}) for batch in (fp32, fp8))
+    assert fp8.kv_pool.k_buffer[0].dtype == torch.uint8 and fp8.kv_pool.get_key_buffer(0).dtype == torch.float8_e4m3fn
+    assert fp8.kv_pool.k_buffer[0].any()
+    assert (a - b).abs().max().item() < 0.1 and torch.equal(a.argmax(-1), b.argmax(-1))
+
+
 # ----------------------------------------------------------------------------------------------- refusals
 def runner(pool_dtype=torch.float32, **overrides):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
