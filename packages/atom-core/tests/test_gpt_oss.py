@@ -5,8 +5,9 @@ it) and a full-attention layer, YaRN rope, 8 experts top-4.  transformers initia
 values that could hide a bug (zeros), so every sink and bias is randomised before the checkpoint is saved.
 Parity (``parity.check_model``): prefill logits of three prompts within 1e-4, the same greedy tokens, decode
 log-probabilities within 1e-4 — with unquantized experts (fp32; on a GPU also the model run in bf16, within
-twice transformers' own bf16 error), and with MXFP4 experts (the published ``*_blocks`` / ``*_scales`` layout) against
-transformers on the dequantized weights.
+twice transformers' own bf16 error), and with MXFP4 experts (the published ``*_blocks`` / ``*_scales`` layout, built
+here and written by ``atom quantize --scheme mxfp4``) against transformers on the dequantized weights; transformers'
+own MXFP4 reader loads ``atom quantize``'s output into the same weights and ATOM's logits.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import hf_model
-from parity import BF16_LOGIT_ATOL, check_model
+from parity import BF16_LOGIT_ATOL, FP32_LOGIT_ATOL, PROMPTS, check_model, reference_logits
 from safetensors.torch import load_file, save_file
 
 from atom_core.errors import CheckpointError, UnsupportedConfigError
@@ -103,17 +104,71 @@ def test_mxfp4_experts_parity(gpt_oss_mxfp4):
     assert experts and all(m.w13_weight.dtype == torch.uint8 for m in experts)
 
 
-def test_atom_quantize_mxfp4_output_loads(gpt_oss_dir, tmp_path):
-    """``atom quantize --scheme mxfp4`` writes the experts per expert (Quark MXFP4) with their biases; the output
-    runs the MXFP4 expert kernel and equals the online-quantized model exactly."""
+@pytest.fixture(scope="session")
+def quantized_mxfp4(gpt_oss_dir, tmp_path_factory) -> str:
+    """``atom quantize --scheme mxfp4`` of the random-sinks checkpoint."""
     from atom_core.quant.quantize import quantize_checkpoint
+
+    return str(quantize_checkpoint(gpt_oss_dir, tmp_path_factory.getbasetemp() / "gpt-oss-atom-quantize", "mxfp4"))
+
+
+def test_atom_quantize_mxfp4_writes_the_published_layout(quantized_mxfp4, gpt_oss_mxfp4):
+    """The experts only, as ``*_blocks`` / ``*_scales`` uint8 (the bytes of the hand-built published-layout checkpoint),
+    every other tensor (expert biases included) copied, ``quant_method: mxfp4`` with ``modules_to_not_convert``; ATOM
+    loads the experts as MXFP4 and everything else unquantized."""
     from atom_core.runtime.runner import Runner
 
-    out = quantize_checkpoint(gpt_oss_dir, tmp_path / "q", "mxfp4")
-    runner = Runner(out)
-    assert runner.model.model.layers[0].mlp.experts.w13_weight.dtype == torch.uint8
-    prompt = [list(range(40, 90))]
-    assert torch.equal(runner.prompt_logits(prompt)[0], Runner(gpt_oss_dir, quantization="mxfp4").prompt_logits(prompt)[0])
+    published, _ = gpt_oss_mxfp4
+    got, want = load_file(f"{quantized_mxfp4}/model.safetensors"), load_file(f"{published}/model.safetensors")
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+    blocks = got["model.layers.0.mlp.experts.gate_up_proj_blocks"]
+    assert blocks.dtype == torch.uint8 and blocks.shape == (8, 2 * 96, 256 // 32, 16)
+    assert got["model.layers.0.mlp.experts.down_proj_scales"].shape == (8, 256, 96 // 32)
+    config = json.loads(Path(quantized_mxfp4, "config.json").read_text())["quantization_config"]
+    assert config == {"quant_method": "mxfp4", "modules_to_not_convert": NOT_CONVERTED}
+    runner = Runner(quantized_mxfp4)
+    layer = runner.model.model.layers[0]
+    assert layer.mlp.experts.w13_weight.dtype == torch.uint8 and layer.self_attn.qkv_proj.weight.dtype == torch.float32
+
+
+def test_atom_quantize_mxfp4_parity(quantized_mxfp4, gpt_oss_mxfp4):
+    """ATOM on ``atom quantize``'s output against transformers on the dequantized weights."""
+    check_model(quantized_mxfp4, hf_model(gpt_oss_mxfp4[1]))
+
+
+def test_transformers_loads_atom_quantize_mxfp4(quantized_mxfp4, gpt_oss_mxfp4):
+    """transformers' own MXFP4 support (``Mxfp4Config(dequantize=True)``: its blocks/scales reader, on the CPU) reads
+    the written checkpoint into the dequantized weights and gives ATOM's prompt logits."""
+    import transformers
+
+    from atom_core.runtime.runner import Runner
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        quantized_mxfp4, quantization_config=transformers.Mxfp4Config(dequantize=True)).float().eval()
+    reference = load_file(f"{gpt_oss_mxfp4[1]}/model.safetensors")
+    state = hf.state_dict()
+    for name in ("model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj",
+                 "model.layers.1.mlp.experts.gate_up_proj_bias"):
+        assert torch.equal(state[name], reference[name]), name
+    for prompt, got, want in zip(PROMPTS, Runner(quantized_mxfp4).prompt_logits(PROMPTS), reference_logits(hf, PROMPTS)):
+        err = (got - want).abs().max().item()
+        assert err <= FP32_LOGIT_ATOL, f"prompt of {len(prompt)} tokens: max |Δlogit| {err:.2e}"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"intermediate_size": 80}, "gpt-oss MXFP4 experts need hidden_size and intermediate_size divisible by 32, "
+                                "got intermediate_size 80"),
+])
+def test_atom_quantize_mxfp4_refuses_what_the_layout_cannot_hold(tiny, tmp_path, capsys, overrides, message):
+    from atom_core.cli import main
+
+    model = tiny(ARCH, **overrides)
+    capsys.readouterr()
+    rc = main(["quantize", "--model", model, "--scheme", "mxfp4", "--out", str(tmp_path / "q"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 4 and err == f"atom quantize: error: {message}\n" and not (tmp_path / "q").exists()
 
 
 def test_stacked_experts_split_per_expert():

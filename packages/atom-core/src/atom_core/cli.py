@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--model", required=True, help="unquantized checkpoint directory")
     quant.add_argument("--scheme", required=True, choices=["fp8-block", "ptpc-fp8", "mxfp4"],
                        help="fp8-block: quant_method fp8, 128x128 blocks; ptpc-fp8: compressed-tensors "
-                            "channel/token; mxfp4: AMD Quark MXFP4 weight-only")
+                            "channel/token; mxfp4: AMD Quark MXFP4 weight-only (gpt-oss: its published "
+                            "experts-only layout)")
     quant.add_argument("--out", required=True, help="directory to write (new or empty)")
     quant.add_argument("--overwrite", action="store_true", help="replace the checkpoint --out holds (whole, once written)")
     quant.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where to encode (default: cuda if present)")

@@ -18,6 +18,10 @@ Formats written, each readable by ATOM and, where the format allows, by vLLM / S
 * ``ptpc-fp8``: compressed-tensors ``float-quantized``, channel weights / dynamic token activations
   (``weight`` fp8 + ``weight_scale`` fp32 ``[N, 1]``);
 * ``mxfp4``: AMD Quark MXFP4 weight-only (``weight`` uint8 ``[N, K/2]`` + ``weight_scale`` e8m0 bytes).
+
+An architecture whose published checkpoints have a layout of their own for a scheme gets that layout instead
+(:data:`atom_core.quant.native_layouts.NATIVE_LAYOUTS`): ``mxfp4`` on gpt-oss writes its MoE experts only, as
+``*_blocks`` / ``*_scales`` (``quant_method: mxfp4``), which transformers' and vLLM's own gpt-oss load.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from atom_core.errors import UnsupportedQuantizationError, UsageError
 from atom_core.layers.params import materialize
 from atom_core.loader import Checkpoint
 from atom_core.loader.checkpoint import INDEX_FILE
+from atom_core.quant.native_layouts import NativeLayout, native_layout
 from atom_core.staging import check_destination, staged_dir
 
 logger = logging.getLogger(__name__)
@@ -173,12 +178,12 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
                         device: str = "cpu", overwrite: bool = False) -> Path:
     """Write ``model_dir`` quantized with ``scheme`` to ``out_dir``; returns ``out_dir``.  ``out_dir`` is
     written whole or not at all: it must be new or empty, or with ``overwrite`` a checkpoint to replace
-    (:mod:`atom_core.staging`)."""
+    (:mod:`atom_core.staging`).  An architecture with a layout of its own for ``scheme``
+    (:data:`atom_core.quant.native_layouts.NATIVE_LAYOUTS`) gets that layout."""
     from atom_core.runtime.runner import resolve_device
 
     if scheme not in SCHEMES:
         raise UnsupportedQuantizationError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-    encode, fits, experts_fit, make_config = SCHEMES[scheme]
     src, out = Path(model_dir), Path(out_dir)
     device = resolve_device(device)
     if src.resolve() == out.resolve() or out.resolve() in src.resolve().parents:
@@ -186,69 +191,125 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
     hf_config = load_hf_config(src)
     if getattr(hf_config, "quantization_config", None):
         raise UnsupportedQuantizationError(f"{src} is already quantized; atom quantize takes an unquantized checkpoint")
+    native = native_layout(scheme, catalog.resolve(hf_config).name)
+    if native is not None:
+        native.check(hf_config)
+        writer: _Writer = _NativeWriter(native, device)
+    else:
+        writer = _SchemeWriter(scheme, device, hf_config)
     check_destination(out, overwrite)
-    layers, expert_layers, model = model_layers(hf_config)
-    excluded_layers = {prefix for prefix, layer in layers.items()
-                       if not fits(layer.checkpoint_shard_sizes(), layer.input_size)}
-    excluded_layers |= {prefix for prefix, layer in expert_layers.items()
-                        if experts_fit is None or not experts_fit(layer.hidden_size, layer.intermediate_size)}
-    layers = {**layers, **expert_layers}
     checkpoint = Checkpoint(src)
     with staged_dir(out, overwrite=overwrite) as tmp:
-        quantized, excluded = _write_quantized(checkpoint, tmp, scheme, device, model, layers, expert_layers,
-                                               excluded_layers)
+        _write_shards(checkpoint, tmp, writer, f"quantizing ({scheme})")
         config = json.loads((src / "config.json").read_text())
-        config["quantization_config"] = make_config(sorted(excluded), sorted(excluded & set(expert_layers)))
+        config["quantization_config"] = writer.quantization_config()
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         for path in src.iterdir():
             if path.is_file() and path.suffix != ".safetensors" and path.name not in ("config.json", INDEX_FILE):
                 shutil.copy2(path, tmp / path.name)
-    logger.info("quantized %d weights with %s into %s (%d modules left unquantized)", quantized, scheme, out, len(excluded))
+    logger.info("quantized %d weights with %s into %s (%s)", writer.quantized, scheme, out, writer.summary())
     return out
 
 
-def _write_quantized(checkpoint: Checkpoint, out: Path, scheme: str, device: torch.device, model: Any,
-                     layers: dict[str, Any], expert_layers: dict[str, Any], excluded_layers: set[str]
-                     ) -> tuple[int, set[str]]:
-    """Every shard of ``checkpoint`` into ``out``, its layers' weights quantized (and its index, if it has one);
-    returns the number of weights quantized and the modules left unquantized.  Tensors are read through the
-    model's ``checkpoint_tensors`` (gpt-oss' stacked experts are written per expert)."""
-    encode = SCHEMES[scheme][0]
-    mapper = model.mapper()
-    excluded: set[str] = set()
+class _Writer:
+    """What to write for each checkpoint tensor, and the ``quantization_config`` that describes it."""
+
+    quantized = 0  # weights encoded so far
+
+    def __call__(self, source: str, lazy: Any) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def quantization_config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def summary(self) -> str:
+        raise NotImplementedError
+
+
+class _NativeWriter(_Writer):
+    """An architecture's own layout (:mod:`atom_core.quant.native_layouts`)."""
+
+    def __init__(self, layout: NativeLayout, device: torch.device):
+        self.layout, self.device = layout, device
+
+    def __call__(self, source: str, lazy: Any) -> dict[str, torch.Tensor]:
+        encoded = self.layout.encode(source, lazy, self.device)
+        if encoded is None:
+            return {source: materialize(lazy).contiguous()}
+        self.quantized += 1
+        return encoded
+
+    def quantization_config(self) -> dict[str, Any]:
+        if not self.quantized:
+            raise UnsupportedQuantizationError(f"{self.layout.name}: the checkpoint holds no tensor this layout quantizes")
+        return json.loads(json.dumps(self.layout.quantization_config))
+
+    def summary(self) -> str:
+        return self.layout.name
+
+
+class _SchemeWriter(_Writer):
+    """The scheme's generic layout: every linear layer (per checkpoint shard) and every per-expert projection the
+    format can hold is encoded; what is left is listed in the config's exclusions.  Tensors are read through the
+    model's ``checkpoint_tensors`` (stacked experts are written per expert)."""
+
+    def __init__(self, scheme: str, device: torch.device, hf_config: Any):
+        self.encode, fits, experts_fit, self.make_config = SCHEMES[scheme]
+        self.device = device
+        layers, self.expert_layers, self.model = model_layers(hf_config)
+        self.excluded_layers = {prefix for prefix, layer in layers.items()
+                                if not fits(layer.checkpoint_shard_sizes(), layer.input_size)}
+        self.excluded_layers |= {prefix for prefix, layer in self.expert_layers.items()
+                                 if experts_fit is None or not experts_fit(layer.hidden_size, layer.intermediate_size)}
+        self.layers = {**layers, **self.expert_layers}
+        self.mapper = self.model.mapper()
+        self.excluded: set[str] = set()
+
+    def __call__(self, source: str, lazy: Any) -> dict[str, torch.Tensor]:
+        tensors: dict[str, torch.Tensor] = {}
+        for name, tensor in self.model.checkpoint_tensors([(source, lazy)]):
+            layer = _weight_target(name, self.mapper, self.layers)
+            tensor = materialize(tensor)
+            if layer is None or layer in self.excluded_layers:
+                tensors[name] = tensor.contiguous()
+                if layer in self.expert_layers:
+                    self.excluded.add(layer)  # the experts module, as hosts name it
+                elif tensor.dim() == 2 and name.endswith(".weight"):
+                    self.excluded.add(name[: -len(".weight")])  # linear layers and anything a host might take for one
+            else:
+                module = name[: -len(".weight")]
+                for suffix, value in self.encode(tensor.to(self.device).contiguous()).items():
+                    tensors[f"{module}.{suffix}"] = value.cpu().contiguous()
+                self.quantized += 1
+        return tensors
+
+    def quantization_config(self) -> dict[str, Any]:
+        return self.make_config(sorted(self.excluded), sorted(self.excluded & set(self.expert_layers)))
+
+    def summary(self) -> str:
+        return f"{len(self.excluded)} modules left unquantized"
+
+
+def _write_shards(checkpoint: Checkpoint, out: Path, writer: _Writer, desc: str) -> None:
+    """Every shard of ``checkpoint`` into ``out`` under the same file name, each tensor replaced by what ``writer``
+    makes of it (and the index, if the checkpoint has one)."""
     files = checkpoint.files
     weight_map: dict[str, str] = {}
     pending: dict[str, dict[str, torch.Tensor]] = {file: {} for file in files}
     remaining = {file: sum(1 for f in checkpoint.weight_map.values() if f == file) for file in files}
-    quantized = 0
     # tensors() reads file by file; each output file is written as soon as its last tensor is in
     for source, lazy in tqdm(checkpoint.tensors(progress=False), total=len(checkpoint.weight_map),
-                           desc=f"quantizing ({scheme})", unit="tensor", disable=len(files) < 2):
+                           desc=desc, unit="tensor", disable=len(files) < 2):
         file = checkpoint.weight_map[source]
-        tensors = pending[file]
-        for name, tensor in model.checkpoint_tensors([(source, lazy)]):
-            layer = _weight_target(name, mapper, layers)
-            tensor = materialize(tensor)
-            if layer is None or layer in excluded_layers:
-                tensors[name] = tensor.contiguous()
-                if layer in expert_layers:
-                    excluded.add(layer)  # the experts module, as hosts name it
-                elif tensor.dim() == 2 and name.endswith(".weight"):
-                    excluded.add(name[: -len(".weight")])  # linear layers and anything a host might take for one
-            else:
-                module = name[: -len(".weight")]
-                for suffix, value in encode(tensor.to(device).contiguous()).items():
-                    tensors[f"{module}.{suffix}"] = value.cpu().contiguous()
-                quantized += 1
+        pending[file].update(writer(source, lazy))
         remaining[file] -= 1
         if remaining[file] == 0:
-            save_file(tensors, str(out / file), metadata={"format": "pt"})
-            weight_map.update({key: file for key in tensors})
+            save_file(pending[file], str(out / file), metadata={"format": "pt"})
+            weight_map.update({key: file for key in pending[file]})
             pending[file] = {}
     if len(files) > 1 or (checkpoint.model_dir / INDEX_FILE).is_file():
         total = sum((out / f).stat().st_size for f in files)
         (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
-    return quantized, excluded
 
 
 def _weight_target(name: str, mapper: Any, layers: dict[str, Any]) -> str | None:
