@@ -205,3 +205,19 @@ def test_cuda_graph_replays_new_lengths_and_tables():
     graph.replay()
     torch.cuda.synchronize()
     assert_close(captured, paged_attention.call_backend("reference", *args), BF16)
+
+
+def test_reshape_and_cache_reference_writes_strided_caches(rng):
+    """K and V as strided views of one packed cache whose blocks are padded (a host's page size larger than the
+    tokens it holds): the reference writes through the views (no copy that would drop the write)."""
+    tokens, kv_heads, dim, page, blocks = 5, 2, 8, 4, 3
+    packed = torch.zeros(blocks, page * kv_heads * 2 * dim + 7)  # 7 pad elements after each block
+    view = packed[:, : page * kv_heads * 2 * dim].view(blocks, page, kv_heads, 2 * dim)
+    k_cache, v_cache = view[..., :dim], view[..., dim:]
+    k, v = (torch.randn(tokens, kv_heads, dim, generator=rng) for _ in range(2))
+    slots = torch.tensor([0, 5, -1, 11, 6])
+    reshape_and_cache.call_backend("reference", k, v, k_cache, v_cache, slots)
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            assert torch.equal(k_cache[slot // page, slot % page], k[t]) and torch.equal(v_cache[slot // page, slot % page], v[t])
+    assert packed[:, -7:].eq(0).all() and packed.ne(0).sum() == 4 * kv_heads * 2 * dim

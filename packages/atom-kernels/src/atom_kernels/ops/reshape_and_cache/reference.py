@@ -1,4 +1,4 @@
-"""Plain-torch cache write: index the caches as flat slot lists and assign the valid tokens' rows."""
+"""Plain-torch cache write: assign the valid tokens' rows at their (block, offset)."""
 
 from __future__ import annotations
 
@@ -30,5 +30,6 @@ def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scal
     check_cache_args(k, v, k_cache, v_cache, slot_mapping)
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
-    k_cache.flatten(0, 1)[slots] = _store_dtype(k[valid], k_scale, k_cache)  # flatten: a view, even of 0 elements
-    v_cache.flatten(0, 1)[slots] = _store_dtype(v[valid], v_scale, v_cache)
+    block, offset = slots // k_cache.shape[1], slots % k_cache.shape[1]  # indexed in place, whatever the strides
+    k_cache[block, offset] = _store_dtype(k[valid], k_scale, k_cache)
+    v_cache[block, offset] = _store_dtype(v[valid], v_scale, v_cache)
