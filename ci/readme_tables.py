@@ -310,7 +310,8 @@ def sglang_table(pins: dict) -> str:
     ]
     for version in sorted(body["versions"], key=release_key, reverse=True):
         v = body["versions"][version]
-        ci = f"`nox -s sglang-{version}`: {body['checks']}" if v.get("ci") else "not run (inside the supported range)"
+        ci = (f"`nox -s sglang-{version}`: {body['checks']}" if v.get("ci")
+              else f"not in CI (inside the supported range){'; ' + v['checked'] if v.get('checked') else ''}")
         rows.append(f"| {version} | {v.get('python', '')} | {v.get('torch', '')} | {v.get('transformers', '')} | {ci} |")
     rows += ["", f"`atom-sglang` accepts SGLang `{body['supported']}`; its plugin refuses any other version with an error."]
     return "\n".join(rows)
@@ -373,7 +374,8 @@ def vllm_pins(pins: dict) -> str:
 def sglang_pins(pins: dict) -> str:
     body = pins["sglang"]
     tested = tuple(v for v in sorted(body["versions"], key=release_key) if body["versions"][v].get("ci"))
-    return _module("sglang", f"SUPPORTED = {body['supported']!r}\nTESTED = {tested!r}\n")
+    releases = tuple(sorted(body["versions"], key=release_key))
+    return _module("sglang", f"SUPPORTED = {body['supported']!r}\nTESTED = {tested!r}\nRELEASES = {releases!r}\n")
 
 
 MODULES: dict[str, Callable[[dict], str]] = {
