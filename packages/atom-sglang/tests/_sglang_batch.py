@@ -32,9 +32,29 @@ from types import SimpleNamespace
 import torch
 
 from atom_sglang import compat
+from atom_sglang.compat import ByRelease
 from atom_sglang.latent import SGLangLatentAttention
 
 MAX_CONTEXT = 160
+
+# Where SGLang keeps the multimodal embedding cache's initialiser (_sglang_env.HARNESS has both).
+MM_EMBEDDING_CACHE: ByRelease = ByRelease("the multimodal embedding cache", {
+    "<0.5.18": "sglang.srt.managers.mm_utils:init_mm_embedding_cache",
+    ">=0.5.18": "sglang.srt.managers.mm_schedule:init_mm_embedding_cache",
+})
+
+
+def _linear_attn_backends():
+    from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
+
+    return resolve_linear_attn_backends()
+
+
+# The kernel choice SGLang's ModelRunner hands its GDN backend (0.5.18+; before, the backend read it itself).
+LINEAR_ATTN_BACKENDS: ByRelease = ByRelease("the ModelRunner's linear-attention kernel choice", {
+    "<0.5.18": lambda: None,
+    ">=0.5.18": _linear_attn_backends,
+})
 
 
 class SGLangCPUBatch:
@@ -87,9 +107,7 @@ class SGLangCPUBatch:
         self.graph_sizes: set[int] = set()  # decode graph sizes "captured" (graph_bs)
         self.mm_inputs: list = [None] * num_requests
         if hasattr(model, "get_image_feature"):  # the multimodal embedding cache SGLang's KV-cache builder sets up
-            from sglang.srt.managers.mm_schedule import init_mm_embedding_cache
-
-            init_mm_embedding_cache(64 * 1024 * 1024)
+            compat.Symbol(MM_EMBEDDING_CACHE.get()).resolve()(64 * 1024 * 1024)
 
     def _hybrid_pools(self, model, kv: dict, full_layers: list[int]) -> None:
         from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
@@ -109,11 +127,10 @@ class SGLangCPUBatch:
     def _hybrid_backend(self, model, full_layers: list[int]):
         from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
         from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
-        from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
         from sglang.srt.runtime_context import get_server_args
 
         runner = SimpleNamespace(**vars(self.runner), server_args=get_server_args(), is_draft_worker=False,
-                                 linear_attn_backends=resolve_linear_attn_backends(), model_config=None)
+                                 linear_attn_backends=LINEAR_ATTN_BACKENDS.get()(), model_config=None)
         return HybridLinearAttnBackend(self.backend, GDNAttnBackend(runner), full_layers)
 
     def step(self, new_tokens: dict[int, list[int]], *, graph_bs: int | None = None) -> torch.Tensor:

@@ -7,7 +7,45 @@ import os
 import subprocess
 import sys
 
+from atom_sglang.compat import ByRelease, Symbol
+
 PACKAGE = "atom_sglang.models"
+
+# The SGLang symbols this harness (not the adapter) relies on where the supported releases differ; test_contract
+# checks them beside atom_sglang.compat.CONTRACT, and the ByRelease tables below pick among them.
+HARNESS: tuple[Symbol, ...] = (
+    Symbol("sglang.srt.runtime_context:publish", ("server_args", "role"), used_by="start_cpu_runtime",
+           releases="<0.5.21"),
+    Symbol("sglang.srt.runtime_context:publish", ("server_args", "role", "ranks"), used_by="start_cpu_runtime",
+           releases=">=0.5.21"),
+    Symbol("sglang.srt.runtime_context:SpawnRanks", fields=("world_rank",), used_by="start_cpu_runtime",
+           releases=">=0.5.21"),
+    Symbol("sglang.srt.managers.mm_utils:init_mm_embedding_cache", ("max_size",),
+           used_by="_sglang_batch.SGLangCPUBatch", releases="<0.5.18"),
+    Symbol("sglang.srt.managers.mm_schedule:init_mm_embedding_cache", ("max_size",),
+           used_by="_sglang_batch.SGLangCPUBatch", releases=">=0.5.18"),
+    Symbol("sglang.srt.layers.attention.linear.utils:resolve_linear_attn_backends", (),
+           used_by="_sglang_batch.SGLangCPUBatch (ModelRunner.linear_attn_backends)", releases=">=0.5.18"),
+    Symbol("sglang.srt.configs.linear_attn_model_registry:get_linear_attn_config", ("hf_config",),
+           used_by="test_contract (SGLang's ModelConfig finds a hybrid spec by config class)"),
+    Symbol("sglang.srt.configs.linear_attn_model_registry:get_linear_attn_spec_by_arch", ("arch_name",),
+           used_by="test_contract"),
+)
+
+
+
+def _spawn_ranks() -> dict:
+    from sglang.srt.runtime_context import SpawnRanks
+
+    return {"ranks": SpawnRanks(world_rank=0)}
+
+
+# What publish() is handed beside the server arguments: 0.5.21+ takes the launcher's placement (rank 0 of one);
+# before, SGLang read the ranks from its process groups when asked.
+PUBLISH_PLACEMENT: ByRelease = ByRelease("the launcher's placement at publish", {
+    "<0.5.21": dict,
+    ">=0.5.21": _spawn_ranks,
+})
 
 
 def run_fresh(code: str, *, external_package: str | None = PACKAGE, timeout: int = 600) -> dict:
@@ -34,10 +72,10 @@ def start_cpu_runtime(model_path: str) -> None:
     """SGLang's runtime as its scheduler sets it up, minus the GPU: server arguments published with
     ``device="cpu"``, a gloo process group of one, SGLang's model-parallel groups."""
     from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
-    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.runtime_context import publish
     from sglang.srt.server_args import ServerArgs
 
-    publish(ServerArgs(model_path=model_path, device="cpu"), role="test", ranks=SpawnRanks(world_rank=0))
+    publish(ServerArgs(model_path=model_path, device="cpu"), role="test", **PUBLISH_PLACEMENT.get()())
     init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                  distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
     initialize_model_parallel(backend="gloo")

@@ -15,6 +15,7 @@ from atom_core.config import sliding_windows, text_config
 from atom_core.loader import Checkpoint
 from atom_core.runtime.host import NativeHost
 from atom_sglang import compat, wrapper
+from atom_sglang.compat import ByRelease
 from atom_sglang.wrapper import PROCESSED, SGLangCausalLM
 
 pytestmark = pytest.mark.sglang
@@ -100,18 +101,40 @@ def test_sglang_builds_and_loads_every_parameter(arch, cpu_runtime, tiny_checkpo
     assert isinstance(mapping, dict) and mapping == model.mapper().packed_modules_mapping
 
 
+def _extra_buffer_in_server_args():
+    """ServerArgs answering as with --mamba-radix-cache-strategy extra_buffer (the published one is read-only)."""
+    from unittest import mock
+
+    from sglang.srt.server_args import ServerArgs
+
+    return mock.patch.object(ServerArgs, "enable_mamba_extra_buffer", lambda self: True)
+
+
+def _extra_buffer_in_exec_bag():
+    from sglang.srt.runtime_context import get_exec
+
+    return get_exec().mamba.override(enable_mamba_extra_buffer=True)
+
+
+# The extra-buffer setting switched on where each release keeps it (atom_sglang.compat.MAMBA_EXTRA_BUFFER reads it).
+EXTRA_BUFFER_ON = ByRelease("switching the mamba extra buffer on", {
+    "<0.5.20": _extra_buffer_in_server_args,
+    ">=0.5.20": _extra_buffer_in_exec_bag,
+})
+
+
 @pytest.mark.parametrize("setting", ["extra_buffer", "speculative"])
 def test_hybrid_models_refuse_settings_their_gdn_layers_cannot_serve(setting, cpu_runtime, tiny_checkpoints):
     """SGLang's extra_buffer radix strategy (its default for Qwen3-Next with the overlap scheduler) expects the
     GDN layers to save intermediate chunk states; speculative decoding needs per-draft-token states: the
     model refuses to build, naming the way out, instead of producing wrong tokens later."""
-    from sglang.srt.runtime_context import get_exec, get_spec
+    from sglang.srt.runtime_context import get_spec
 
     hybrid = [a for a in tiny_checkpoints if catalog.HYBRID in catalog.get(a).capabilities]
     if not hybrid:
         pytest.skip("no hybrid architecture is served")
     override, match = {
-        "extra_buffer": (get_exec().mamba.override(enable_mamba_extra_buffer=True), "no_buffer"),
+        "extra_buffer": (EXTRA_BUFFER_ON.get()(), "no_buffer"),
         "speculative": (get_spec().override(speculative_algorithm="EAGLE"), "speculative decoding"),
     }[setting]
     with override, pytest.raises(ValueError, match=match):

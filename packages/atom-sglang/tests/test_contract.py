@@ -9,6 +9,7 @@ import inspect
 import logging
 
 import pytest
+from _sglang_env import HARNESS
 
 from atom_sglang import compat, plugin
 
@@ -25,15 +26,24 @@ def members(obj) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("symbol", compat.CONTRACT, ids=lambda s: s.path)
+@pytest.mark.parametrize("symbol", compat.CONTRACT + HARNESS, ids=lambda s: s.path + (f" ({s.releases})" if s.releases else ""))
 def test_symbol_has_the_parameters_the_adapter_uses(symbol):
+    """Each symbol the adapter (or this test harness) uses in the installed release: it exists and, where its call
+    is described, has the parameters it is called with, in that order, and wants no other (every parameter
+    without a default is passed)."""
+    if not symbol.present_in():
+        pytest.skip(f"not in SGLang {compat.installed_version()} (the symbol's releases: {symbol.releases})")
     obj = symbol.resolve()
     if symbol.params:
-        params = list(inspect.signature(obj).parameters)
+        signature = inspect.signature(obj)
+        params = list(signature.parameters)
         missing = [p for p in symbol.params if p not in params]
         assert not missing, f"{symbol.path} lacks {missing}; it has {params} (used by {symbol.used_by})"
         positional = [p for p in params if p in symbol.params]
         assert positional == list(symbol.params), f"{symbol.path}: parameters reordered: {params}"
+        required = [name for name, p in signature.parameters.items() if p.default is p.empty
+                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and name not in symbol.params]
+        assert not required, f"{symbol.path} also requires {required} (used by {symbol.used_by})"
     if symbol.fields:
         owner = symbol.owner()
         missing = [f for f in symbol.fields if f not in members(owner)]
@@ -94,8 +104,9 @@ def test_hybrid_extension_point_declares_an_architecture_to_sglang():
     before = list(registry._LINEAR_ATTN_MODEL_REGISTRY)
     try:
         compat.register_linear_attn_model(TinyHybridConfig, backend, ["AtomTestHybridForCausalLM"])
-        spec = registry.get_linear_attn_spec(TinyHybridConfig())
-        assert spec is not None and spec.backend_class_name == backend
+        config = TinyHybridConfig()
+        spec, found = registry.get_linear_attn_config(config)  # by config class (SGLang's ModelConfig asks this)
+        assert spec.backend_class_name == backend and found is config
         assert registry.get_linear_attn_spec_by_arch("AtomTestHybridForCausalLM") is spec
         assert registry.get_linear_attn_spec_by_arch("LlamaForCausalLM") is None
     finally:

@@ -26,6 +26,7 @@ from _sglang_env import load_with_sglang
 from atom_core import catalog
 from atom_core.runtime.multimodal import load_images, with_image_placeholders
 from atom_sglang import multimodal
+from atom_sglang.compat import ByRelease
 
 pytestmark = pytest.mark.sglang
 
@@ -139,15 +140,45 @@ def test_images_match_transformers(vl, cpu_runtime, monkeypatch):
             assert pos[:, 0].tolist() == [len(ids) + step + int(mm_inputs.mrope_position_delta)] * 3
 
 
+def _processor_in_mapping(hf_config):
+    """SGLang 0.5.17's choice, as its get_mm_processor makes it before building the processor: the first
+    registered processor listing a class of the architecture's name."""
+    from sglang.srt.managers.multimodal_processor import PROCESSOR_MAPPING
+
+    return next((cls for model_cls, cls in PROCESSOR_MAPPING.items() if model_cls.__name__ in hf_config.architectures),
+                None)
+
+
+def _processor_cls_with_server_args(hf_config):
+    from sglang.srt.managers.multimodal_processor import get_mm_processor_cls
+    from sglang.srt.runtime_context import get_server_args
+
+    return get_mm_processor_cls(hf_config, get_server_args())
+
+
+def _processor_cls(hf_config):
+    from sglang.srt.managers.multimodal_processor import get_mm_processor_cls
+
+    return get_mm_processor_cls(hf_config)
+
+
+# SGLang's processor class for a config (atom_sglang.compat.CONTRACT has the three symbols)
+PROCESSOR_CLASS = ByRelease("SGLang's multimodal processor choice", {
+    "<0.5.18": _processor_in_mapping,
+    ">=0.5.18,<0.5.20": _processor_cls_with_server_args,
+    ">=0.5.20": _processor_cls,
+})
+
+
 def test_sglang_picks_its_qwen_vl_processor_for_atoms_class(vl, cpu_runtime):
     """SGLang chooses processors by the model class's name: its own Qwen-VL processor serves ATOM's class."""
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.managers.multimodal_processor import get_mm_processor_cls, import_processors
+    from sglang.srt.managers.multimodal_processor import import_processors
 
     import_processors("sglang.srt.multimodal.processors")
     hf_config = ModelConfig(model_path=vl[0]).hf_config
     (arch,) = hf_config.architectures
-    processor = get_mm_processor_cls(hf_config)
+    processor = PROCESSOR_CLASS.get()(hf_config)
     assert processor is not None and processor.__module__ == "sglang.srt.multimodal.processors.qwen_vl"
     assert arch in {m.__name__ for m in processor.models}
 

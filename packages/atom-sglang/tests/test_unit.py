@@ -160,12 +160,33 @@ def test_state_plan_must_match_sglangs_pool():
 def test_version_check_names_the_range():
     low = sorted(_pins.TESTED)[0]
     assert compat.unsupported_reason(low) is None
-    for bad in ("0.5.20", "0.6.0"):
+    for bad in ("0.5.10", "0.6.0"):
         reason = compat.unsupported_reason(bad)
         assert reason is not None and _pins.SUPPORTED in reason and bad in reason
         with pytest.raises(compat.UnsupportedSGLangVersion, match=bad):
             compat.check_version(bad)
     assert compat.unsupported_reason(None) == "SGLang is not installed"
+
+
+def test_release_tables_give_each_supported_release_one_spelling():
+    """compat.ByRelease: the ranges of a table must match every release of the range exactly once (checked when the
+    table is built); get() answers for a release and refuses one outside the supported range."""
+    assert all(compat.SUPPORTED.contains(r) for r in _pins.RELEASES) and set(_pins.TESTED) <= set(_pins.RELEASES)
+    with pytest.raises(AssertionError, match=r"SGLang 0\.5\.20 .* matches \[\], not one range"):
+        compat.ByRelease("a gap", {"<0.5.20": 1, ">0.5.20": 2})
+    with pytest.raises(AssertionError, match=r"SGLang 0\.5\.19 .* matches \['<0\.5\.20', '>=0\.5\.19'\]"):
+        compat.ByRelease("an overlap", {"<0.5.20": 1, ">=0.5.19": 2})
+    table = compat.ByRelease("a move", {"<0.5.20": "old", ">=0.5.20": "new"})
+    assert [table.get(r) for r in ("0.5.17", "0.5.19", "0.5.20", "0.5.23")] == ["old", "old", "new", "new"]
+    with pytest.raises(compat.UnsupportedSGLangVersion, match="0.5.10"):
+        table.get("0.5.10")
+
+
+def test_each_contract_symbol_is_in_some_supported_release():
+    from _sglang_env import HARNESS
+
+    for symbol in compat.CONTRACT + HARNESS:
+        assert any(symbol.present_in(r) for r in _pins.RELEASES), f"{symbol.path}: no supported release in {symbol.releases!r}"
 
 
 def test_generated_files_match_pins():

@@ -4,9 +4,35 @@ calls (with the parameters it relies on), and the version differences among them
 Importing this module does not import SGLang; each accessor imports what it needs when called.
 
 Versions: ``_pins.SUPPORTED`` (generated from ci/pins.toml) is what the plugin accepts; CI runs the
-``_pins.TESTED`` releases.  Inside that range (0.5.21-0.5.23) none of the symbols in :data:`CONTRACT`
-changed, so no accessor branches today.  The breaks SGLang made around it, and why they do not reach
-this adapter (a new floor or ceiling must revisit them):
+``_pins.TESTED`` releases; ``_pins.RELEASES`` lists every release of the range (each checked at least by
+test_contract).  Where releases of the range spell one thing differently, the difference is data, in one
+mechanism: a :class:`ByRelease` table maps SGLang release ranges to the implementation for them (its ranges
+must cover every release in ``_pins.RELEASES`` exactly once, checked when the table is built), and each
+:class:`Symbol` of :data:`CONTRACT` names the ``releases`` that have it (test_contract checks a symbol on
+those).  No code asks which SGLang it runs in; the tables answer.  The differences inside the range:
+
+* 0.5.18  ``init_mm_embedding_cache`` moves from ``managers/mm_utils`` to ``managers/mm_schedule``;
+          ``get_mm_processor_cls`` appears (0.5.17: only ``get_mm_processor``, which builds the processor);
+          ``resolve_linear_attn_backends`` / ``ModelRunner.linear_attn_backends`` appear.  Test harness only.
+* 0.5.20  "the mamba radix cache keeps an extra state buffer" moves from the method
+          ``ServerArgs.enable_mamba_extra_buffer()`` to the published leaf
+          ``get_exec().mamba.enable_mamba_extra_buffer``: :data:`MAMBA_EXTRA_BUFFER`.
+          ``get_mm_processor_cls`` drops its ``server_args`` parameter (reads the published model bag).
+* 0.5.21  ``runtime_context.publish(ranks=SpawnRanks(...))``: launcher placement handed over at publish (before:
+          read lazily from the process groups).  Test harness only.
+* 0.5.22  Python >= 3.11; SGLang's linear layers take keyword-only ``parallel_group``; ``TopK(layer_id=)``
+          required.  Not used: ATOM builds its own linear and MoE layers.
+* 0.5.23  ``TopK`` drops ``num_fused_shared_experts``.  Not used (as above).
+          ``pad_mm_tokens`` replaces ``MultiModalityDataPaddingPatternMultimodalTokens`` (kept as a
+          forwarding shim): :data:`PAD_MULTIMODAL_TOKENS`.
+          ``ForwardBatch.logical_forward_mode`` (0.5.22/0.5.23: a decode batch relabelled as a one-token
+          extend for data-parallel attention).  Not read: data-parallel attention is refused, so the two
+          modes agree.
+          ``KVWriteLoc.for_batch`` (the pool's write location of a batch).  Not used: latent attention
+          hands the cache row to ``RadixAttention`` and the backend writes SGLang's pool.
+
+The breaks SGLang made below the range, and why they do not reach this adapter (a lower floor must revisit
+them):
 
 * 0.5.13  ``ForwardBatch.attn_backend`` / ``token_to_kv_pool`` removed (forward-context getters).
           Not used: :class:`RadixAttention` finds the backend and KV pool itself.
@@ -16,25 +42,16 @@ this adapter (a new floor or ceiling must revisit them):
           kernels and reads the state through the hybrid backend's metadata, :func:`linear_attention_backend`).
 * 0.5.17  ``RadixAttention.forward(key_value_num_tokens=)``.  We pass ``q, k, v, forward_batch``
           positionally and nothing else (``sinks=`` by keyword when a model has sinks).
-* 0.5.22  Python >= 3.11; SGLang's linear layers take keyword-only ``parallel_group``; ``TopK(layer_id=)``
-          required.  Not used: ATOM builds its own linear and MoE layers.
-* 0.5.23  ``TopK`` drops ``num_fused_shared_experts``.  Not used (as above).
-          ``pad_mm_tokens`` replaces ``MultiModalityDataPaddingPatternMultimodalTokens`` (kept as a
-          forwarding shim): :func:`pad_multimodal_tokens` branches on it.
-          ``ForwardBatch.logical_forward_mode`` (0.5.22/0.5.23: a decode batch relabelled as a one-token
-          extend for data-parallel attention).  Not read: data-parallel attention is refused, so the two
-          modes agree.
-          ``KVWriteLoc.for_batch`` (the pool's write location of a batch).  Not used: latent attention
-          hands the cache row to ``RadixAttention`` and the backend writes SGLang's pool.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -45,12 +62,15 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED = SpecifierSet(_pins.SUPPORTED)
 TESTED: tuple[str, ...] = _pins.TESTED
+RELEASES: tuple[str, ...] = _pins.RELEASES
+T = TypeVar("T")
 
 
 class UnsupportedSGLangVersion(RuntimeError):
     pass
 
 
+@functools.lru_cache(maxsize=1)
 def installed_version() -> Version | None:
     """The installed SGLang release (from its distribution metadata; SGLang itself is not imported)."""
     try:
@@ -81,15 +101,44 @@ def check_version(version: Version | str | None = None) -> Version:
     return version
 
 
+# ---------------------------------------------------------------------------- differences by release
+class ByRelease(Generic[T]):
+    """One thing the releases of the supported range spell differently: ``{release range: what serves it}``.
+
+    The ranges are PEP 440 specifiers (``"<0.5.20"``, ``">=0.5.20"``); together they must match every release
+    in ``_pins.RELEASES`` exactly once, which is checked here, when the table is built (at import).  :meth:`get`
+    answers for the installed SGLang (and refuses one outside the supported range)."""
+
+    def __init__(self, what: str, variants: dict[str, T]):
+        self.what = what
+        self.variants = {SpecifierSet(spec): value for spec, value in variants.items()}
+        for release in RELEASES:
+            matched = [str(spec) for spec in self.variants if spec.contains(release, prereleases=True)]
+            if len(matched) != 1:
+                raise AssertionError(f"{what}: SGLang {release} (in _pins.RELEASES) matches {matched}, not one range")
+
+    def get(self, version: Version | str | None = None) -> T:
+        version = check_version(version)
+        (value,) = [value for spec, value in self.variants.items() if spec.contains(version, prereleases=True)]
+        return value
+
+
 # ----------------------------------------------------------------------------------------- contract
 @dataclass(frozen=True)
 class Symbol:
-    """One SGLang symbol the adapter uses and the parameters (or fields) it relies on, in call order."""
+    """One SGLang symbol the adapter uses and the parameters (or fields) it relies on, in call order: every
+    parameter without a default is among them (the adapter passes them all)."""
 
     path: str  # "module:qualified.name"
     params: tuple[str, ...] = ()
     fields: tuple[str, ...] = ()  # attributes read from instances (dataclass fields or annotations)
     used_by: str = ""
+    releases: str = ""  # the supported releases that have it as described (a PEP 440 specifier); "": all of them
+
+    def present_in(self, version: Version | str | None = None) -> bool:
+        """Whether SGLang ``version`` (default: the installed one) has this symbol as described."""
+        version = installed_version() if version is None else Version(str(version))
+        return version is not None and SpecifierSet(self.releases).contains(version, prereleases=True)
 
     def resolve(self) -> Any:
         module, _, qualname = self.path.partition(":")
@@ -157,7 +206,9 @@ CONTRACT: tuple[Symbol, ...] = (
            ("input_ids", "forward_batch", "language_model", "multimodal_model", "data_embedding_funcs",
             "placeholder_tokens", "use_deepstack"), used_by="multimodal.SGLangMultimodal._run_model"),
     Symbol("sglang.srt.managers.mm_utils:MultiModalityDataPaddingPatternMultimodalTokens.pad_input_tokens",
-           ("self", "input_ids", "mm_inputs"), used_by="compat.pad_multimodal_tokens (<= 0.5.22)"),
+           ("self", "input_ids", "mm_inputs"), used_by="compat.PAD_MULTIMODAL_TOKENS", releases="<0.5.23"),
+    Symbol("sglang.srt.managers.mm_utils:pad_mm_tokens", ("input_ids", "mm_inputs"),
+           used_by="compat.PAD_MULTIMODAL_TOKENS", releases=">=0.5.23"),
     Symbol("sglang.srt.managers.schedule_batch:MultimodalDataItem", fields=("feature", "offsets", "model_specific_data"),
            used_by="multimodal.SGLangMultimodal.get_image_feature (image_grid_thw from model_specific_data)"),
     Symbol("sglang.srt.managers.schedule_batch:MultimodalDataItem.reconstruct", ("self", "target_device"),
@@ -165,9 +216,18 @@ CONTRACT: tuple[Symbol, ...] = (
     Symbol("sglang.srt.multimodal.mm_utils:materialize_multimodal_features", ("features", "device", "dtype"),
            used_by="compat.materialize_multimodal_features"),
     Symbol("sglang.srt.managers.schedule_batch:Modality.IMAGE", used_by="compat.deepstack_modalities"),
-    Symbol("sglang.srt.managers.multimodal_processor:get_mm_processor_cls", ("hf_config",),
+    # SGLang's processor choice by architecture name (test_multimodal): by the classes its processors list
+    Symbol("sglang.srt.managers.multimodal_processor:PROCESSOR_MAPPING", releases="<0.5.18",
+           used_by="SGLang's processor choice by architecture name (get_mm_processor's loop; tested)"),
+    Symbol("sglang.srt.managers.multimodal_processor:get_mm_processor_cls", ("hf_config", "server_args"),
+           releases=">=0.5.18,<0.5.20", used_by="SGLang's processor choice by architecture name (tested)"),
+    Symbol("sglang.srt.managers.multimodal_processor:get_mm_processor_cls", ("hf_config",), releases=">=0.5.20",
            used_by="SGLang's processor choice by architecture name (tested)"),
-    Symbol("sglang.srt.runtime_context:get_exec", (), used_by="compat.unsupported_linear_attention_settings"),
+    Symbol("sglang.srt.runtime_context:get_server_args", (), used_by="compat.MAMBA_EXTRA_BUFFER (< 0.5.20)"),
+    Symbol("sglang.srt.server_args:ServerArgs.enable_mamba_extra_buffer", ("self",), releases="<0.5.20",
+           used_by="compat.MAMBA_EXTRA_BUFFER"),
+    Symbol("sglang.srt.runtime_context:get_exec", (),
+           used_by="compat.MAMBA_EXTRA_BUFFER (exec.mamba.enable_mamba_extra_buffer, >= 0.5.20)"),
     Symbol("sglang.srt.runtime_context:get_spec", (), used_by="compat.unsupported_linear_attention_settings"),
     # latent attention (latent.py): the absorbed form on one RadixAttention over SGLang's MLA pool
     Symbol("sglang.srt.layers.radix_attention:RadixAttention.__init__",
@@ -293,11 +353,31 @@ def linear_attention_backend() -> Any:
     return linear
 
 
+def _extra_buffer_of_server_args() -> bool:
+    from sglang.srt.runtime_context import get_server_args
+
+    return get_server_args().enable_mamba_extra_buffer()
+
+
+def _extra_buffer_of_exec_bag() -> bool:
+    from sglang.srt.runtime_context import get_exec
+
+    return get_exec().mamba.enable_mamba_extra_buffer
+
+
+# Whether the running server's mamba radix cache keeps an extra state buffer (resolved from
+# --mamba-radix-cache-strategy): a method of the published ServerArgs, then a leaf of the published exec bag.
+MAMBA_EXTRA_BUFFER: ByRelease = ByRelease("the mamba extra-buffer setting", {
+    "<0.5.20": _extra_buffer_of_server_args,
+    ">=0.5.20": _extra_buffer_of_exec_bag,
+})
+
+
 def unsupported_linear_attention_settings() -> str | None:
     """Why the server settings cannot run ATOM's GDN layers (None when they can)."""
-    from sglang.srt.runtime_context import get_exec, get_spec
+    from sglang.srt.runtime_context import get_spec
 
-    if get_exec().mamba.enable_mamba_extra_buffer:
+    if MAMBA_EXTRA_BUFFER.get()():
         return (
             "the extra_buffer mamba radix-cache strategy needs intermediate chunk states that ATOM's GDN kernels do "
             "not expose; run with --mamba-radix-cache-strategy no_buffer (or --disable-radix-cache)"
@@ -309,15 +389,27 @@ def unsupported_linear_attention_settings() -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ multimodal
+def _pad_with_padding_pattern(input_ids: Any, mm_inputs: Any) -> Any:
+    from sglang.srt.managers.mm_utils import MultiModalityDataPaddingPatternMultimodalTokens
+
+    return MultiModalityDataPaddingPatternMultimodalTokens().pad_input_tokens(input_ids, mm_inputs)
+
+
+def _pad_mm_tokens(input_ids: Any, mm_inputs: Any) -> Any:
+    from sglang.srt.managers.mm_utils import pad_mm_tokens
+
+    return pad_mm_tokens(input_ids, mm_inputs)
+
+
+PAD_MULTIMODAL_TOKENS: ByRelease = ByRelease("padding multimodal placeholder tokens", {
+    "<0.5.23": _pad_with_padding_pattern,
+    ">=0.5.23": _pad_mm_tokens,
+})
+
+
 def pad_multimodal_tokens(input_ids: Any, mm_inputs: Any) -> Any:
     """Each multimodal item's placeholder run replaced by its pad values (SGLang's radix-cache keys)."""
-    try:  # 0.5.23+
-        from sglang.srt.managers.mm_utils import pad_mm_tokens
-    except ImportError:  # <= 0.5.22
-        from sglang.srt.managers.mm_utils import MultiModalityDataPaddingPatternMultimodalTokens
-
-        return MultiModalityDataPaddingPatternMultimodalTokens().pad_input_tokens(input_ids, mm_inputs)
-    return pad_mm_tokens(input_ids, mm_inputs)
+    return PAD_MULTIMODAL_TOKENS.get()(input_ids, mm_inputs)
 
 
 def materialize_multimodal_features(features: list, *, device: Any, dtype: Any) -> Any:
