@@ -331,10 +331,11 @@ host_sessions("vllm", {_vllm_release_id(r): r for r in VLLM_RELEASES}, vllm_sess
 
 # ------------------------------------------------------------------------------------ atom-sglang × SGLang
 # One session per SGLang release marked `ci = true` in ci/pins.toml [sglang] (`nox -t sglang`), run one
-# at a time, each in a fresh venv deleted at the end (measured: 5.4 GB for 0.5.21, 6.3 GB for 0.5.23;
-# 4-10 and 5-7 min on the shared 2-core machine depending on its load; 0.5.21 fetches its CUDA torch
-# stack, ~2 GB, from PyPI).  A *light install*: torch + torchvision as the wheel pins them (CUDA builds;
-# they import on a CPU machine), the SGLang wheel with --no-deps, then only the pure-Python packages
+# at a time, each in a fresh venv deleted at the end (measured: 5.4 GB for 0.5.21, 6.3 GB for 0.5.23,
+# 5.5 GB for 0.5.17; 4-10, 5-7 and 3 min on the shared 2-core machine depending on its load; 0.5.21 and
+# 0.5.17 fetch their CUDA torch stack, ~2 GB, from PyPI, once into the shared pip cache).  A *light
+# install*: torch + torchvision as the wheel pins them (CUDA builds; they import on a CPU machine), the
+# SGLang wheel with --no-deps, then only the pure-Python packages
 # SGLang imports on the tested paths, all constrained by the wheel's own `==` pins (an unpinned
 # dependency would otherwise move torch).
 SGLANG = PINS.get("sglang", {})
