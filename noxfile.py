@@ -341,13 +341,14 @@ host_sessions("vllm", {_vllm_release_id(r): r for r in VLLM_RELEASES}, vllm_sess
 SGLANG = PINS.get("sglang", {})
 SGLANG_CI = [version for version, pins in SGLANG.get("versions", {}).items() if pins.get("ci")]
 # What `import sglang` and the tested paths (registry, model config, model loader, torch-native attention,
-# logits, plugins) import across the tested releases (0.5.21 also reaches einops and openai's types there); what
-# one release imports beyond these is its `imports` in ci/pins.toml.
+# logits, plugins, the offline Engine) import across the tested releases (0.5.21 also reaches einops and openai's
+# types there).
 SGLANG_IMPORTS = [
     "numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette", "msgspec", "pydantic",
     "pyzmq", "tqdm", "IPython", "aiohttp", "transformers", "apache-tvm-ffi", "einops", "dill", "sentencepiece",
     "compressed-tensors", "gguf", "openai", "partial_json_parser", "uvicorn", "fastapi", "setproctitle",
     "safetensors", "tokenizers", "triton",
+    "uvloop", "xgrammar",  # sglang.Engine (test_engine); xgrammar also server_args' import in 0.5.17-0.5.20
 ]
 
 
@@ -416,8 +417,8 @@ def sglang_session(session: nox.Session, version: str) -> None:
         session.install("-c", str(constraints), f"torch=={pins['torch']}", "torchvision", env=env | no_local_cpu_torch)
         timed("torch + torchvision")
         session.install("--no-deps", str(wheel), env=env)
-        session.install("-c", str(constraints), *SGLANG_IMPORTS, *expected.get("imports", []), "hatchling", "editables",
-                        *pinned("pytest", table=TOOLS), env=env | no_local_cpu_torch)
+        session.install("-c", str(constraints), *SGLANG_IMPORTS, "hatchling", "editables", *pinned("pytest", table=TOOLS),
+                        env=env | no_local_cpu_torch)
         # atom-sglang installed (not put on PYTHONPATH) so SGLang finds its sglang.srt.plugins entry point.
         session.install("--no-deps", "--no-build-isolation", "-e", "packages/atom-kernels", "-e", "packages/atom-core",
                         "-e", "packages/atom-sglang", env=env)

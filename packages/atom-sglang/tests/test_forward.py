@@ -4,8 +4,9 @@ host's one-line refusal) — for hybrid models also its mamba state pool and its
 linear-attention backend, for MRoPE models its own MRoPE positions — chunked prefill then greedy decode,
 against transformers.
 
-This is as far as SGLang runs here: the scheduler, CUDA graphs and the GPU attention backends are not
-exercised (no GPU).  The batches are laid out as SGLang's ModelRunner lays them out (_sglang_batch)."""
+The batches are laid out as SGLang's ModelRunner lays them out (_sglang_batch); SGLang's scheduler and
+ModelRunner themselves drive ATOM's class in test_engine.  CUDA graphs and the GPU attention backends are not
+exercised (no GPU)."""
 
 from __future__ import annotations
 

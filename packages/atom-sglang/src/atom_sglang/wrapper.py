@@ -69,6 +69,7 @@ class SGLangCausalLM(nn.Module):
         self.get_input_embeddings().num_embeddings = text_config(config).vocab_size
         self._weights_loaded = False
         guard_weight_processing(self)
+        logger.info("atom-sglang: SGLang builds %s on ATOM's %s", name, self.atom_spec.model)
 
     # ----------------------------------------------------------------------------------- forward
     @torch.no_grad()
