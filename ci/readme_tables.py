@@ -249,13 +249,21 @@ def _gpt_oss_moe_rows() -> list[str]:
 
 
 def _e2e_runs() -> list[tuple[str, dict]]:
-    """(file name, report) of every ``python -m atom_vllm.bench`` report in the newest H200 folder holding one."""
+    """(file name, report) of the ``python -m atom_vllm.bench`` reports: all of the newest H200 folder holding one,
+    then from older folders the models (model, weight format) no newer folder measured, newest first."""
+    runs, seen = [], set()
     for folder in sorted(RESULTS.glob("*-h200"), reverse=True):
-        reports = [(path.name, data) for path in sorted(folder.glob("*.json")) for data in _documents(path)
-                   if "models" in data and "vllm" in data]
-        if reports:
-            return [(f"{folder.name}/{name}", data) for name, data in reports]
-    return []
+        found = set()
+        for path in sorted(folder.glob("*.json")):
+            for data in _documents(path):
+                if "models" not in data or "vllm" not in data:
+                    continue
+                models = [e for e in data["models"] if (e["model"], e.get("format", "bf16")) not in seen]
+                found |= {(e["model"], e.get("format", "bf16")) for e in models}
+                if models:
+                    runs.append((f"{folder.name}/{path.name}", {**data, "models": models}))
+        seen |= found
+    return runs
 
 
 def _agreement(entry: dict) -> str:
@@ -271,15 +279,17 @@ def vllm_e2e_table(pins: dict) -> str:
     out = ["| model (layers, weights) | batch | vLLM's class tok/s (min-max) | ATOM's class tok/s (min-max) | ATOM / vLLM "
            "| TPOT ms vLLM / ATOM | TTFT ms vLLM / ATOM | start-up s vLLM / ATOM | greedy agreement (fixed prompts) | run |",
            "|---|---|---|---|---|---|---|---|---|---|"]
-    starts = []
+    starts, others = [], []
     runs = _e2e_runs()
     for name, report in runs:
         for entry in report["models"]:
             impls = entry["impls"]
             label = f"{entry['model']} ({entry['layers']}, {entry.get('format', 'bf16')})"
             if set(impls) != {"vllm", "atom"}:
+                timed = [impl for impl, r in impls.items() if r["batches"]]
+                others += _engines_rows(label, name, report, entry) if timed else []
                 starts += [f"{label}, max_num_batched_tokens {report['settings']['max_num_batched_tokens']}: {impl} "
-                           f"started in {r['startup_s']} s" for impl, r in impls.items()]
+                           f"started in {r['startup_s']} s" for impl, r in impls.items() if impl not in timed]
                 continue
             v, a = impls["vllm"], impls["atom"]
             tree = report.get("atom_commit") or report.get("note", "")
@@ -299,7 +309,30 @@ def vllm_e2e_table(pins: dict) -> str:
             f"prompt {first['settings']['prompt_len']} / output {first['settings']['output_len']} tokens, `ignore_eos`, "
             f"max_num_batched_tokens {first['settings']['max_num_batched_tokens']}; tokens/s: median of the repeated "
             f"runs (min-max) in each file.")
-    return "\n".join([head, "", *out, *(["", *(f"- {s}" for s in starts)] if starts else [])])
+    engines_table = ["", "Other engine sets (`IMPL@BACKEND`: vLLM's `--attention-backend`; ratios against the first "
+                     "engine of the run):", "", "| model (layers, weights) | batch | engine | tok/s (min-max) | vs first "
+                     "| TPOT ms | TTFT ms | start-up s | run |", "|---|---|---|---|---|---|---|---|---|", *others]
+    return "\n".join([head, "", *out, *(engines_table if others else []),
+                      *(["", *(f"- {s}" for s in starts)] if starts else [])])
+
+
+def _engines_rows(label: str, name: str, report: dict, entry: dict) -> list[str]:
+    """Rows of a run whose engines are not the vLLM / ATOM pair (attention backends, one implementation)."""
+    impls = entry["impls"]
+    first = next(iter(impls))
+    tree = report.get("atom_commit") or report.get("note", "")
+    rows = []
+    for batch in sorted(impls[first]["batches"], key=int):
+        base = impls[first]["batches"][batch]["output_tok_per_s"]["median"]
+        for impl, r in impls.items():
+            row = r["batches"].get(batch)
+            if row is None:
+                continue
+            t = row["output_tok_per_s"]
+            rows.append(f"| {label} | {batch} | {impl} | {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | "
+                        f"{t['median'] / base:.2f} | {row['tpot_ms']['median']:.2f} | {row['ttft_ms']['median']:.0f} | "
+                        f"{r['startup_s']} | `{name}` ({tree}) |")
+    return rows
 
 
 def sglang_table(pins: dict) -> str:
