@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from atom_core.bench import AGREEMENT_PROMPTS
 from atom_vllm import bench
 from atom_vllm.bench import compare_agreement, kernel_table, main, reference_scores, summarize
 
@@ -162,8 +163,8 @@ def test_random_prompts_of_a_multimodal_checkpoint_stay_below_its_placeholder_id
               "image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
               "vision_end_token_id": 248054}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert bench.prompt_vocab(tmp_path) == 248053
+    assert bench.checkpoint_prompt_vocab(tmp_path) == 248053
     prompts = bench.agreement_prompts(tmp_path)
-    assert len(prompts) == bench.AGREEMENT_PROMPTS and max(max(p) for p in prompts) < 248053
+    assert len(prompts) == AGREEMENT_PROMPTS and max(max(p) for p in prompts) < 248053
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))  # a text model's
-    assert bench.prompt_vocab(tmp_path) == 151936
+    assert bench.checkpoint_prompt_vocab(tmp_path) == 151936

@@ -6,6 +6,9 @@ random checkpoint of a real model shape (few layers), prefill and decode, on one
 The native host is a small runtime (ATOM's paged attention over its block cache), not a serving engine, so this
 measures the model code (fused ops, loader, layers) rather than a scheduler.  ATOM runs twice: eager
 (``atom-native``) and with decode steps replayed from CUDA graphs (``atom-native-graphs``).
+
+The end-to-end benches inside a host (:mod:`atom_vllm.bench`, :mod:`atom_sglang.bench`) share what here is not
+about a host: the models and their checkpoints, the prompts, the agreement summary and the spread of repeats.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -132,12 +136,98 @@ def checkpoint_config(arch: str, layers: int, shape: dict | None = None):
 
 
 def write_checkpoint(arch: str, layers: int, out: Path, dtype: torch.dtype, device: str, shape: dict | None = None) -> Path:
-    """A random checkpoint (transformers' reference class, ``save_pretrained``) of :func:`checkpoint_config`."""
+    """A random checkpoint (transformers' reference class, ``save_pretrained``) of :func:`checkpoint_config`.
+    A multimodal one also gets the tiny tokenizer and image-processor files (:func:`atom_core.tiny.write_processor_files`):
+    a host that builds the model's processor at start-up (SGLang) needs them, whatever the prompts."""
+    from atom_core.tiny import write_processor_files
+
     config = checkpoint_config(arch, layers, shape)
     with torch.device(device):
         model = catalog.get(arch).hf_model_class()(config).to(dtype)
     model.save_pretrained(str(out))
+    if catalog.get(arch).tiny_preprocessor:
+        write_processor_files(arch, config, out)
     return out
+
+
+# ---- shared by the end-to-end benches inside a host (atom_vllm.bench, atom_sglang.bench) ----------------------
+# name -> (architecture, layers); shapes are SHAPES
+MODELS: dict[str, tuple[str, int]] = {
+    "qwen3-8b": ("Qwen3ForCausalLM", 8),
+    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 6),
+    "llama3-8b": ("LlamaForCausalLM", 8),
+    "mixtral-8x7b": ("MixtralForCausalLM", 4),
+    "qwen3-next-80b-a3b": ("Qwen3NextForCausalLM", 4),
+    "deepseek-v3": ("DeepseekV3ForCausalLM", 2),  # one dense layer, one with 256 experts
+    "gpt-oss-120b": ("GptOssForCausalLM", 2),  # one sliding-window layer, one full
+    "qwen3.5-35b-a3b": ("Qwen3_5MoeForConditionalGeneration", 4),  # three linear-attention layers, one full
+}
+AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 16, 32
+# Agreement prompts for a real checkpoint (its tokenizer encodes them); random-weight ones use random tokens.
+TEXT_PROMPTS = ("The capital of France is", "Water boils at a temperature of",
+                "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                "The three primary colors are", "In 1969, the first humans to walk on the Moon were",
+                "A haiku about autumn:\n", "Translate to French: I would like a cup of coffee.\n",
+                "The largest planet in the solar system is")
+
+
+def random_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(10, vocab, (count, length), generator=gen).tolist()
+
+
+def checkpoint_prompt_vocab(model_dir: Path) -> int:
+    """:func:`prompt_vocab` of the checkpoint in ``model_dir``."""
+    return prompt_vocab(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
+def agreement_prompts(model_dir: Path) -> list[list[int]]:
+    """The fixed prompt set of a random-weight checkpoint: random tokens, lengths 16 to 211."""
+    vocab = checkpoint_prompt_vocab(model_dir)
+    return [p[: 16 + 13 * i] for i, p in enumerate(random_prompts(vocab, AGREEMENT_PROMPTS, 256, seed=1))]
+
+
+def text_prompts(model_dir: Path) -> list[list[int]]:
+    """``TEXT_PROMPTS`` as the tokenizer of the checkpoint in ``model_dir`` encodes them."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return [tokenizer(p)["input_ids"] for p in TEXT_PROMPTS]
+
+
+def model_checkpoints(arch: str, layers: int, formats: list[str], workdir: Path):
+    """Yield ``(format, directory)``: the bf16 random checkpoint, then ``atom quantize``'s copy per format."""
+    from atom_core.quant.quantize import quantize_checkpoint
+
+    bf16 = write_checkpoint(arch, layers, workdir / "bf16", torch.bfloat16, "cuda")
+    torch.cuda.empty_cache()
+    for fmt in formats:
+        if fmt == "bf16":
+            yield fmt, bf16
+        else:
+            yield fmt, quantize_checkpoint(bf16, workdir / fmt, fmt, device="cuda")
+            torch.cuda.empty_cache()
+
+
+def compare_agreement(ref: list[dict], other: list[dict]) -> dict:
+    """Two implementations' greedy outputs on the same prompts (per prompt ``tokens``, ``logprobs`` of them and
+    ``prompt_logprobs`` of prompt tokens 1..): how many are identical, where they first diverge, and how far
+    their log-probabilities are apart."""
+    same = sum(a["tokens"] == b["tokens"] for a, b in zip(ref, other))
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), len(a["tokens"]))
+                  for a, b in zip(ref, other)]
+    prompt_delta = [abs(x - y) for a, b in zip(ref, other) for x, y in zip(a["prompt_logprobs"], b["prompt_logprobs"])]
+    # output log-probabilities are comparable only while both chose the same tokens
+    out_delta = [abs(x - y) for a, b, n in zip(ref, other, first_diff) for x, y in zip(a["logprobs"][:n], b["logprobs"][:n])]
+    return {"prompts": len(ref), "identical_greedy": same, "mean_first_divergence": statistics.mean(first_diff),
+            "prompt_logprob_mean_abs_diff": statistics.mean(prompt_delta), "prompt_logprob_max_abs_diff": max(prompt_delta),
+            "output_logprob_mean_abs_diff": statistics.mean(out_delta) if out_delta else None}
+
+
+def spread(values: list[float]) -> dict:
+    """Median, min, max and every sample (ci/regression.py tests the samples) of a metric's repeats."""
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2),
+            "samples": [round(v, 3) for v in values]}
 
 
 def _time_atom(runner, prompts, decode_tokens: int, device: str, reps: int, params_cls) -> tuple[float, float]:

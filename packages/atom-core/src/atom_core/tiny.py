@@ -74,11 +74,20 @@ def make_tiny(arch: str, out_dir: str | Path, *, seed: int = 0, max_shard_size: 
         model = spec.hf_model_class()(config).to(dtype)
         save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
         model.save_pretrained(str(tmp), safe_serialization=True, **save_kwargs)
-        tokenizer.save(str(tmp / "tokenizer.json"))
-        (tmp / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN,
-            "pad_token": EOS_TOKEN, "model_max_length": text_config(config).max_position_embeddings,
-        }, indent=1))
-        if spec.tiny_preprocessor:
-            (tmp / "preprocessor_config.json").write_text(json.dumps(spec.tiny_preprocessor, indent=1))
+        write_processor_files(arch, config, tmp, tokenizer)
     return out
+
+
+def write_processor_files(arch: str, config, out: Path, tokenizer=None) -> None:
+    """The tokenizer files (``tokenizer``, default :func:`build_tokenizer`'s) and, for a multimodal
+    architecture, its tiny image processor's config, into the checkpoint directory ``out``."""
+    spec = catalog.get(arch)
+    if tokenizer is None:
+        tokenizer = build_tokenizer(spec.tiny.get("text_config", spec.tiny).get("vocab_size", 512))
+    tokenizer.save(str(Path(out) / "tokenizer.json"))
+    (Path(out) / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN, "model_max_length": text_config(config).max_position_embeddings,
+    }, indent=1))
+    if spec.tiny_preprocessor:
+        (Path(out) / "preprocessor_config.json").write_text(json.dumps(spec.tiny_preprocessor, indent=1))

@@ -48,22 +48,23 @@ import tempfile
 import time
 from pathlib import Path
 
-# name -> (architecture, layers); shapes are atom_core.bench.SHAPES
-MODELS: dict[str, tuple[str, int]] = {
-    "qwen3-8b": ("Qwen3ForCausalLM", 8),
-    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 6),
-    "llama3-8b": ("LlamaForCausalLM", 8),
-    "mixtral-8x7b": ("MixtralForCausalLM", 4),
-    "qwen3-next-80b-a3b": ("Qwen3NextForCausalLM", 4),
-    "deepseek-v3": ("DeepseekV3ForCausalLM", 2),  # one dense layer, one with 256 experts
-    "gpt-oss-120b": ("GptOssForCausalLM", 2),  # one sliding-window layer, one full
-    "qwen3.5-35b-a3b": ("Qwen3_5MoeForConditionalGeneration", 4),  # three linear-attention layers, one full
-}
+from atom_core.bench import (
+    AGREEMENT_TOKENS,
+    MODELS,
+    agreement_prompts,
+    checkpoint_prompt_vocab,
+    compare_agreement,
+    model_checkpoints,
+    random_prompts,
+    spread,
+    text_prompts,
+)
+
 # Engine arguments a model needs, given to both implementations.  vLLM's own Qwen3-Next and Qwen3.5 take
 # FlashInfer's JIT-compiled GDN prefill on Hopper by default; the Triton (flash-linear-attention) one needs no
 # compiler on the machine and FlashInfer is not part of the offline bundle.  ATOM's classes ignore the setting.
 # Qwen3.5 runs text-only (``language_model_only``: no image or video inputs, so no multimodal processor, which
-# needs the tokenizer and image-processor files a random checkpoint lacks, and no encoder profiling; vLLM's own
+# needs tokenizer and image-processor files (a random checkpoint has tiny stand-ins), and no encoder profiling; vLLM's own
 # class then builds no vision tower, ATOM's loads the checkpoint's two-block one).  Random prompts stay below the
 # placeholder ids (``prompt_vocab``).
 _TRITON_GDN = {"additional_config": {"gdn_prefill_backend": "triton"}}
@@ -73,28 +74,7 @@ FORMATS = ("bf16", "fp8-block", "ptpc-fp8", "mxfp4")  # bf16 as written; the res
 IMPLS: dict[str, dict[str, str]] = {"vllm": {"ATOM_DISABLE_VLLM_PLUGIN": "1"}, "atom": {"ATOM_DISABLE_VLLM_PLUGIN": "0"}}
 # every engine: llm.apply_model ships a function to the worker (vLLM refuses pickled callables otherwise)
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 16, 32
 PROFILE_PROMPT_LEN, PROFILE_OUTPUT_LEN = 32, 64  # the profiled run: mostly decode steps
-
-
-def random_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(10, vocab, (count, length), generator=gen).tolist()
-
-
-def prompt_vocab(model_dir: Path) -> int:
-    """Random prompts of a checkpoint draw token ids below this (:func:`atom_core.bench.prompt_vocab`)."""
-    from atom_core.bench import prompt_vocab as below
-
-    return below(json.loads((Path(model_dir) / "config.json").read_text()))
-
-
-def agreement_prompts(model_dir: Path) -> list[list[int]]:
-    """The fixed prompt set of a random-weight checkpoint: random tokens, lengths 16 to 211."""
-    vocab = prompt_vocab(model_dir)
-    return [p[: 16 + 13 * i] for i, p in enumerate(random_prompts(vocab, AGREEMENT_PROMPTS, 256, seed=1))]
 
 
 # ---- one engine (a subprocess per implementation, alive for the whole comparison) -------------------------------
@@ -124,7 +104,7 @@ class Engine:
         from vllm import LLM
 
         self.job = job
-        self.vocab = prompt_vocab(Path(job["model_dir"]))
+        self.vocab = checkpoint_prompt_vocab(Path(job["model_dir"]))
         extra = {}
         if job.get("profile_dir"):
             from vllm.config import ProfilerConfig
@@ -251,18 +231,6 @@ def kernel_table(profile_dir: Path, top: int = 30) -> dict:
             "kernels": [[n[:120], round(t, 1)] for n, t in ranked[:top]]}
 
 
-def compare_agreement(ref: list[dict], other: list[dict]) -> dict:
-    same = sum(a["tokens"] == b["tokens"] for a, b in zip(ref, other))
-    first_diff = [next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), len(a["tokens"]))
-                  for a, b in zip(ref, other)]
-    prompt_delta = [abs(x - y) for a, b in zip(ref, other) for x, y in zip(a["prompt_logprobs"], b["prompt_logprobs"])]
-    # output log-probabilities are comparable only while both chose the same tokens
-    out_delta = [abs(x - y) for a, b, n in zip(ref, other, first_diff) for x, y in zip(a["logprobs"][:n], b["logprobs"][:n])]
-    return {"prompts": len(ref), "identical_greedy": same, "mean_first_divergence": statistics.mean(first_diff),
-            "prompt_logprob_mean_abs_diff": statistics.mean(prompt_delta), "prompt_logprob_max_abs_diff": max(prompt_delta),
-            "output_logprob_mean_abs_diff": statistics.mean(out_delta) if out_delta else None}
-
-
 def reference_scores(model_dir: Path, prompts: list[list[int]], agreement: dict[str, list[dict]],
                      device: str = "cuda") -> dict:
     """transformers in float32 (the checkpoint's weights, upcast) scores each prompt followed by each
@@ -305,44 +273,7 @@ def summarize(runs: list[dict], batch: int, output_len: int) -> dict:
     tput = [batch * output_len / r["total_s"] for r in mine]
     tpot = [(r["total_s"] - r["ttft_s"]) / (output_len - 1) * 1e3 for r in mine]
     ttft = [r["ttft_s"] * 1e3 for r in mine]
-
-    def spread(values):
-        return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2),
-                "samples": [round(v, 3) for v in values]}  # every repeat: ci/regression.py tests them
-
     return {"output_tok_per_s": spread(tput), "tpot_ms": spread(tpot), "ttft_ms": spread(ttft)}
-
-
-# Agreement prompts for a real checkpoint (its tokenizer encodes them); random-weight ones use random tokens.
-TEXT_PROMPTS = ("The capital of France is", "Water boils at a temperature of",
-                "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-                "The three primary colors are", "In 1969, the first humans to walk on the Moon were",
-                "A haiku about autumn:\n", "Translate to French: I would like a cup of coffee.\n",
-                "The largest planet in the solar system is")
-
-
-def text_prompts(model_dir: Path) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    return [tokenizer(p)["input_ids"] for p in TEXT_PROMPTS]
-
-
-def model_checkpoints(arch: str, layers: int, formats: list[str], workdir: Path):
-    """Yield ``(format, directory)``: the bf16 random checkpoint, then ``atom quantize``'s copy per format."""
-    import torch
-
-    from atom_core.bench import write_checkpoint
-    from atom_core.quant.quantize import quantize_checkpoint
-
-    bf16 = write_checkpoint(arch, layers, workdir / "bf16", torch.bfloat16, "cuda")
-    torch.cuda.empty_cache()
-    for fmt in formats:
-        if fmt == "bf16":
-            yield fmt, bf16
-        else:
-            yield fmt, quantize_checkpoint(bf16, workdir / fmt, fmt, device="cuda")
-            torch.cuda.empty_cache()
 
 
 def timed_runs(engines: list[EngineProcess], batches: list[int], args: argparse.Namespace) -> dict[str, list[dict]]:
