@@ -8,6 +8,8 @@
 #   bash ci/gpu_sglang.sh -m sglang.launch_server --model-path DIR --attention-backend triton \
 #     --sampling-backend pytorch
 # (the bundle has neither FA3 nor FlashInfer; vision encoders: --mm-attention-backend triton_attn).
+# ATOM's classes against SGLang's own through two servers: bash ci/gpu_sglang.sh -m atom_sglang.bench --out X.json
+# (the bench sets SGLANG_EXTERNAL_MODEL_PACKAGE per server itself; --atom is not needed).
 # `--atom` as the first argument also sets SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models, so ATOM's classes
 # replace SGLang's own (atom-sglang's plugin accepts only the SGLang releases in ci/pins.toml [sglang]).
 set -euo pipefail
