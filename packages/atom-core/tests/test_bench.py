@@ -58,3 +58,15 @@ def test_qwen3_5_moe_checkpoint_at_a_scaled_down_shape_loads_in_atom_and_transfo
     with torch.inference_mode():
         ids = hf.generate(torch.tensor([prompt]), max_new_tokens=3, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert atom[0].token_ids == ids[0, len(prompt):].tolist()
+
+
+def test_a_model_with_its_own_shape_gets_it_not_its_architectures():
+    """smollm2-135m is a Llama of the demo model's shape (tied embeddings, head 64), not Llama-3-8B's."""
+    from atom_core.bench import MODEL_SHAPES, MODELS, SHAPES, checkpoint_config
+
+    assert set(MODEL_SHAPES) <= set(MODELS)
+    arch, layers = MODELS["smollm2-135m"]
+    config = checkpoint_config(arch, layers, MODEL_SHAPES["smollm2-135m"])
+    assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim) == (576, 30, 3, 64)
+    assert config.tie_word_embeddings and config.rope_parameters["rope_theta"] == 100000.0
+    assert checkpoint_config(arch, 2).hidden_size == SHAPES[arch]["hidden_size"] == 4096

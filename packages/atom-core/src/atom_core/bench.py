@@ -161,6 +161,13 @@ MODELS: dict[str, tuple[str, int]] = {
     "deepseek-v3": ("DeepseekV3ForCausalLM", 2),  # one dense layer, one with 256 experts
     "gpt-oss-120b": ("GptOssForCausalLM", 2),  # one sliding-window layer, one full
     "qwen3.5-35b-a3b": ("Qwen3_5MoeForConditionalGeneration", 4),  # three linear-attention layers, one full
+    "smollm2-135m": ("LlamaForCausalLM", 30),  # the demo model's shape (all 30 layers), random weights
+}
+# Models whose shape is not their architecture's SHAPES entry
+MODEL_SHAPES: dict[str, dict] = {
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                         head_dim=64, vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
 }
 AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 16, 32
 # Agreement prompts for a real checkpoint (its tokenizer encodes them); random-weight ones use random tokens.
@@ -195,11 +202,13 @@ def text_prompts(model_dir: Path) -> list[list[int]]:
     return [tokenizer(p)["input_ids"] for p in TEXT_PROMPTS]
 
 
-def model_checkpoints(arch: str, layers: int, formats: list[str], workdir: Path):
-    """Yield ``(format, directory)``: the bf16 random checkpoint, then ``atom quantize``'s copy per format."""
+def model_checkpoints(name: str, layers: int, formats: list[str], workdir: Path):
+    """Yield ``(format, directory)`` of the model ``name`` of :data:`MODELS` at ``layers`` layers: the bf16 random
+    checkpoint, then ``atom quantize``'s copy per format."""
     from atom_core.quant.quantize import quantize_checkpoint
 
-    bf16 = write_checkpoint(arch, layers, workdir / "bf16", torch.bfloat16, "cuda")
+    arch = MODELS[name][0]
+    bf16 = write_checkpoint(arch, layers, workdir / "bf16", torch.bfloat16, "cuda", MODEL_SHAPES.get(name))
     torch.cuda.empty_cache()
     for fmt in formats:
         if fmt == "bf16":

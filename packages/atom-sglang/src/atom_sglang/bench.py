@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.names:
             arch, layers = MODELS[name]
             layers = args.layers or layers
-            for fmt, model_dir in model_checkpoints(arch, layers, args.format_list, Path(tmp) / name):
+            for fmt, model_dir in model_checkpoints(name, layers, args.format_list, Path(tmp) / name):
                 entry = {"model": name, "arch": arch, "layers": layers, "format": fmt}
                 report["models"].append(entry)
                 compare(entry, model_dir, args.impl_list, args.batch_list, args, agreement_prompts(model_dir), save)

@@ -20,7 +20,8 @@ implementation that ran first.
   time, TPOT = (time - TTFT) / (output_len - 1);
 * start-up: ``LLM(...)`` construction (weights, profiling, compilation, CUDA-graph capture);
 * optionally (``--profile``) GPU kernel time per kernel name, from vLLM's torch profiler, over one run of the
-  first batch size with short prompts (mostly decode steps), beside that run's wall time and its count of
+  first batch size (``--profile-prompt-len`` 32 / ``--profile-output-len`` 64 by default: mostly decode steps;
+  a long prompt and one output token profile prefill), beside that run's wall time and its count of
   CUDA-graph and kernel launches from the host (GPU idle time and eager launches show as a gap between the two).
 
 The implementation is chosen with atom-vllm's own switch (``ATOM_DISABLE_VLLM_PLUGIN=1`` gives vLLM's
@@ -74,7 +75,6 @@ FORMATS = ("bf16", "fp8-block", "ptpc-fp8", "mxfp4")  # bf16 as written; the res
 IMPLS: dict[str, dict[str, str]] = {"vllm": {"ATOM_DISABLE_VLLM_PLUGIN": "1"}, "atom": {"ATOM_DISABLE_VLLM_PLUGIN": "0"}}
 # every engine: llm.apply_model ships a function to the worker (vLLM refuses pickled callables otherwise)
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-PROFILE_PROMPT_LEN, PROFILE_OUTPUT_LEN = 32, 64  # the profiled run: mostly decode steps
 
 
 # ---- one engine (a subprocess per implementation, alive for the whole comparison) -------------------------------
@@ -145,10 +145,10 @@ class Engine:
     def timed(self, batch: int, prompt_len: int, max_tokens: int, seed: int) -> float:
         return self.generate(random_prompts(self.vocab, batch, prompt_len, seed), max_tokens)[1]
 
-    def profiled(self, batch: int) -> float:
-        """vLLM's profiler runs once per engine: one decode-dominated run."""
+    def profiled(self, batch: int, prompt_len: int, max_tokens: int) -> float:
+        """vLLM's profiler runs once per engine, over one run."""
         self.llm.start_profile()
-        _, seconds = self.generate(random_prompts(self.vocab, batch, PROFILE_PROMPT_LEN, seed=7), PROFILE_OUTPUT_LEN)
+        _, seconds = self.generate(random_prompts(self.vocab, batch, prompt_len, seed=7), max_tokens)
         self.llm.stop_profile()
         return seconds
 
@@ -329,7 +329,8 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
             for impl, runs in timed_runs(engines, [batch], args).items():
                 entry["impls"][impl]["batches"][str(batch)] = summarize(runs, batch, args.output_len)
             save()
-        profiled = {e.impl: e.request("profiled", batch=batches[0]) for e in engines} if args.profile else {}
+        profiled = ({e.impl: e.request("profiled", batch=batches[0], prompt_len=args.profile_prompt_len,
+                                       max_tokens=args.profile_output_len) for e in engines} if args.profile else {})
     finally:
         for engine in engines:
             engine.close()
@@ -337,8 +338,8 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
         if args.traces_out:
             shutil.copytree(profile_dirs[impl], Path(args.traces_out) / f"{entry['model']}-{profile_dirs[impl].name}",
                             dirs_exist_ok=True)
-        entry["impls"][impl]["kernels"] = {"batch": batches[0], "prompt_len": PROFILE_PROMPT_LEN,
-                                           "output_len": PROFILE_OUTPUT_LEN, "wall_us": round(profiled[impl] * 1e6, 1),
+        entry["impls"][impl]["kernels"] = {"batch": batches[0], "prompt_len": args.profile_prompt_len,
+                                           "output_len": args.profile_output_len, "wall_us": round(profiled[impl] * 1e6, 1),
                                            **kernel_table(profile_dirs[impl])}
     if args.reference:
         entry["against_reference"] = reference_scores(model_dir, prompts, agreement)
@@ -363,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--profile", action="store_true", help="kernel times of the first batch size")
+    parser.add_argument("--profile-prompt-len", type=int, default=32,
+                        help="the profiled run's prompt length (default 32 with 64 output tokens: mostly decode steps)")
+    parser.add_argument("--profile-output-len", type=int, default=64)
     parser.add_argument("--reference", action="store_true",
                         help="also score every implementation's agreement outputs with transformers in float32")
     parser.add_argument("--traces-out", default=None, help="keep the profiler traces in this directory")
@@ -422,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             arch, layers = MODELS[name]
             layers = args.layers or layers
-            for fmt, model_dir in model_checkpoints(arch, layers, formats, Path(tmp) / name):
+            for fmt, model_dir in model_checkpoints(name, layers, formats, Path(tmp) / name):
                 entry = {"model": name, "arch": arch, "layers": layers, "format": fmt}
                 report["models"].append(entry)
                 compare(entry, model_dir, impls, batches, args, ENGINE_ARGS.get(name, {}), agreement_prompts(model_dir),
