@@ -349,6 +349,7 @@ SGLANG_IMPORTS = [
     "compressed-tensors", "gguf", "openai", "partial_json_parser", "uvicorn", "fastapi", "setproctitle",
     "safetensors", "tokenizers", "triton",
     "uvloop", "xgrammar",  # sglang.Engine (test_engine); xgrammar also server_args' import in 0.5.17-0.5.20
+    "jsonschema", "python-multipart", "soundfile",  # launch_server's HTTP server (test_bench: atom_sglang.bench)
 ]
 
 
