@@ -88,7 +88,7 @@ def stop_cpu_runtime() -> None:
     destroy_distributed_environment()
 
 
-def load_with_sglang(path: str):
+def load_with_sglang(path: str, dtype: str = "float32"):
     """What SGLang's ModelRunner does: ModelConfig -> DefaultModelLoader.load_model (construction under
     the model dtype, SGLang's safetensors iterator into load_weights, then its post-load processing)."""
     from sglang.srt.configs.device_config import DeviceConfig
@@ -96,5 +96,5 @@ def load_with_sglang(path: str):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader
 
-    model_config = ModelConfig(model_path=path, dtype="float32")
+    model_config = ModelConfig(model_path=path, dtype=dtype)
     return DefaultModelLoader(LoadConfig()).load_model(model_config=model_config, device_config=DeviceConfig("cpu"))

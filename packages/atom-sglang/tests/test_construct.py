@@ -101,6 +101,32 @@ def test_sglang_builds_and_loads_every_parameter(arch, cpu_runtime, tiny_checkpo
     assert isinstance(mapping, dict) and mapping == model.mapper().packed_modules_mapping
 
 
+def _linear_methods(model: torch.nn.Module) -> dict[str, str]:
+    from atom_core.layers.linear import LinearBase
+
+    return {name: type(m.quant_method).__name__ for name, m in model.named_modules() if isinstance(m, LinearBase)}
+
+
+def test_fused_layer_exclusions_as_the_native_build(cpu_runtime, tiny_checkpoints, tmp_path):
+    """One build path (atom_core.build): an FP8 checkpoint (compressed-tensors) whose exclusion list names q_proj, k_proj and v_proj
+    of every layer leaves the fused qkv_proj unquantized under SGLang exactly as natively, with the same
+    parameters loaded."""
+    from atom_core.quant.quantize import quantize_checkpoint
+    from atom_core.runtime.runner import Runner
+
+    path = str(quantize_checkpoint(tiny_checkpoints["Qwen3ForCausalLM"], tmp_path / "fp8", "ptpc-fp8",
+                                   exclude=("q_proj", "k_proj", "v_proj")))
+    model = load_with_sglang(path, dtype="bfloat16")  # SGLang takes compressed-tensors in 16-bit dtypes only
+    native = Runner(path, dtype=torch.bfloat16).model
+    assert _linear_methods(model) == _linear_methods(native)
+    assert {m for name, m in _linear_methods(native).items() if name.endswith("qkv_proj")} == {"UnquantizedLinearMethod"}
+    reference = dict(native.named_parameters())
+    params = dict(model.named_parameters())
+    assert params.keys() == reference.keys()
+    for name, param in params.items():
+        assert torch.equal(param.float(), reference[name].float()), name
+
+
 def _extra_buffer_in_server_args():
     """ServerArgs answering as with --mamba-radix-cache-strategy extra_buffer (the published one is read-only)."""
     from unittest import mock

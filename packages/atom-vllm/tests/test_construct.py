@@ -26,6 +26,7 @@ pytestmark = pytest.mark.construct
 ATTENTION = "Attention"  # vLLM's attention layer class
 LATENT_ATTENTION = "VllmLatentAttention"  # atom-vllm's subclass of vLLM's MLAAttention (atom_vllm.latent)
 LINEAR_ATTENTION = "VllmLinearAttentionState"  # atom-vllm's MambaBase layer (atom_vllm.hybrid)
+QKV = ("q_proj", "k_proj", "v_proj")
 
 
 def expected_forward_context(arch: str, params: list[str]) -> dict[str, str]:
@@ -46,15 +47,30 @@ def cpu_models(tiny_models) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def constructed(cpu_models, module_probe) -> list[dict]:
-    """Every served architecture this vLLM can build on the CPU, built and loaded under vLLM, in the order of
-    ``cpu_models``: half of them in each of two vLLM processes running at once (each is mostly one core's work;
-    CI has two)."""
-    dirs = list(cpu_models.values())
+def qkv_excluded_fp8(tiny_models, tmp_path_factory) -> str:
+    """A tiny Qwen3 in FP8 (compressed-tensors, which vLLM runs on the CPU) whose exclusion list names q_proj, k_proj and v_proj of every layer."""
+    from atom_core.quant.quantize import quantize_checkpoint
+
+    out = tmp_path_factory.mktemp("fp8") / "qkv-excluded"
+    return str(quantize_checkpoint(tiny_models["Qwen3ForCausalLM"], out, "ptpc-fp8", exclude=QKV))
+
+
+@pytest.fixture(scope="module")
+def constructed_all(cpu_models, qkv_excluded_fp8, module_probe) -> dict[str, dict]:
+    """Model dir -> its build under vLLM: every served architecture this vLLM can build on the CPU, then
+    ``qkv_excluded_fp8``; half of them in each of two vLLM processes running at once (each is mostly one core's
+    work; CI has two)."""
+    dirs = [*cpu_models.values(), qkv_excluded_fp8]
     halves = [dirs[: len(dirs) // 2], dirs[len(dirs) // 2:]]
     with ThreadPoolExecutor(len(halves)) as pool:
         first, second = pool.map(lambda half: module_probe("construct", half), halves)
-    return first + second
+    return {r["dir"]: r for r in first + second}
+
+
+@pytest.fixture(scope="module")
+def constructed(cpu_models, constructed_all) -> list[dict]:
+    """The builds of ``cpu_models``, in their order."""
+    return [constructed_all[d] for d in cpu_models.values()]
 
 
 def test_construct_and_load_every_architecture(cpu_models, constructed):
@@ -76,6 +92,21 @@ def test_construct_and_load_every_architecture(cpu_models, constructed):
         assert r["forward_context"] == expected_forward_context(arch, r["params"]), arch
         assert bool(r["state_contract"]) is (catalog.HYBRID in catalog.get(arch).capabilities), arch
         assert catalog.get(arch).name == r["qualname"]
+
+
+def test_fused_layer_exclusions_as_the_native_build(qkv_excluded_fp8, constructed_all):
+    """One build path (atom_core.build): an exclusion list naming a fused layer's shards leaves the fused layer
+    unquantized under vLLM exactly as natively, and vLLM's loader writes the checkpoint's tensors."""
+    from atom_core.layers.linear import LinearBase
+    from atom_core.runtime.runner import Runner
+
+    r = constructed_all[qkv_excluded_fp8]
+    native = {name: type(m.quant_method).__name__ for name, m in Runner(qkv_excluded_fp8).model.named_modules()
+              if isinstance(m, LinearBase)}
+    assert r["linear_methods"] == native
+    assert {m for name, m in native.items() if name.endswith("qkv_proj")} == {"UnquantizedLinearMethod"}
+    assert r["nan_params"] == [] and r["returned"] == r["params"]
+    assert r["spot_checks"]["equal"] > 0 and r["spot_checks"]["different"] == [], r["spot_checks"]
 
 
 def test_every_served_architecture_constructed_or_named(tiny_models, cpu_models):

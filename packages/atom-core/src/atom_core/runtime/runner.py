@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 
 from atom_core import catalog
+from atom_core.build import build_model
 from atom_core.config import load_hf_config, text_config
 from atom_core.errors import DeviceUnavailableError, UsageError
 from atom_core.host import TensorParallel
 from atom_core.loader import Checkpoint
-from atom_core.quant import parse_quant_config
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.graphs import DecodeGraphs
 from atom_core.runtime.host import NativeHost
@@ -81,11 +81,9 @@ class Runner:
         self.block_size = block_size
         self.hf_config = load_hf_config(self.model_dir)
         self.spec = catalog.resolve(self.hf_config)
-        quant = parse_quant_config(self.hf_config, online=quantization,
-                                   packed_modules=self.spec.model_class().packed_modules_mapping())
-        self.host = NativeHost(tp=tp, quant=quant)
         with torch.device(self.device), _default_dtype(dtype):
-            self.model = self.spec.model_class()(self.hf_config, self.host)
+            self.model, self.host = build_model(self.hf_config, lambda quant: NativeHost(tp=tp, quant=quant),
+                                                spec=self.spec, online=quantization)
         self.model.load_weights(Checkpoint(self.model_dir))
         self.model.eval()
         self.eos_token_ids = _eos_ids(self.hf_config, self.model_dir)
