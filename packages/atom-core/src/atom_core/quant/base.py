@@ -66,6 +66,14 @@ def register_scheme(*quant_methods: str):
     return wrap
 
 
+_ONLINE: list[type[QuantConfig]] = []  # the scheme that quantizes unquantized checkpoints at load (quant.online)
+
+
+def register_online_scheme(cls: type[QuantConfig]) -> type[QuantConfig]:
+    _ONLINE[:] = [cls]
+    return cls
+
+
 def supported_schemes() -> list[str]:
     return sorted(_SCHEMES)
 
@@ -84,14 +92,19 @@ def parse_quant_config(hf_config: Any, online: str | None = None,
                 f"the checkpoint is already quantized ({qcfg.get('quant_method')!r}); online {online!r} applies to "
                 "unquantized checkpoints only"
             )
-        qcfg = {"quant_method": online, "online": True}
-    if not qcfg:
+        config = _ONLINE[0].from_config({"quant_method": online, "online": True})
+    elif not qcfg:
         return None
+    else:
+        config = _scheme_of(qcfg)
+    config.packed_modules_mapping = dict(packed_modules or {})
+    return config
+
+
+def _scheme_of(qcfg: dict[str, Any]) -> QuantConfig:
     method = qcfg.get("quant_method")
     if method not in _SCHEMES:
         raise UnsupportedQuantizationError(
             f"unsupported quantization scheme {method!r}; supported: {', '.join(supported_schemes()) or 'none'}"
         )
-    config = _SCHEMES[method].from_config(qcfg)
-    config.packed_modules_mapping = dict(packed_modules or {})
-    return config
+    return _SCHEMES[method].from_config(qcfg)

@@ -21,28 +21,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from atom_core.errors import UnsupportedQuantizationError
 from atom_core.layers.params import make_param
 from atom_core.quant.base import LinearMethod, QuantConfig, register_scheme
 from atom_core.quant.exclusions import exclusion_patterns, layer_excluded, matches_any
+from atom_core.quant.params import flat_apply, replace_param
 
 if TYPE_CHECKING:
     from atom_core.layers.linear import LinearBase
 
 FP8 = torch.float8_e4m3fn
-
-
-def flat_apply(x: torch.Tensor, fn) -> torch.Tensor:
-    """Run a 2-D GEMM ``fn(x2 [T, K]) -> [T, N]`` on ``x [..., K]``."""
-    out = fn(x.reshape(-1, x.shape[-1]))
-    return out.view(*x.shape[:-1], out.shape[-1])
-
-
-def replace_param(layer: nn.Module, name: str, value: torch.Tensor) -> None:
-    """Swap a parameter for its post-loading form (metadata is no longer needed)."""
-    setattr(layer, name, nn.Parameter(value, requires_grad=False))
 
 
 class Fp8TensorLinearMethod(LinearMethod):

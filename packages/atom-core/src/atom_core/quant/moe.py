@@ -22,8 +22,7 @@ import torch
 
 from atom_core.errors import UnsupportedQuantizationError
 from atom_core.layers.moe import FusedMoE, MoEMethod, UnquantizedMoEMethod
-from atom_core.quant.fp8 import replace_param
-from atom_core.quant.mxfp4 import MX_GROUP, as_bytes, check_scale_range
+from atom_core.quant.params import MX_GROUP, as_bytes, check_scale_range, replace_param
 
 BLOCK = 128
 FP8 = torch.float8_e4m3fn

@@ -23,27 +23,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from atom_core.errors import UnsupportedQuantizationError
-from atom_core.layers.params import make_param, materialize
+from atom_core.layers.params import make_param
 from atom_core.quant.base import LinearMethod, QuantConfig, register_scheme
 from atom_core.quant.exclusions import exclusion_patterns, layer_excluded, matches_any, shard_names
-from atom_core.quant.fp8 import flat_apply
+from atom_core.quant.params import MX_GROUP, as_bytes, check_scale_range, flat_apply
 
 if TYPE_CHECKING:
     from atom_core.layers.linear import LinearBase
 
 logger = logging.getLogger(__name__)
 
-MX_GROUP = 32
-# The Triton kernel keeps decoded weights as bf16 ``value * 2**-32``: e8m0 scale bytes above this
-# (scales above 2**33) would overflow.  Real checkpoints stay far below (~2**-10 .. 2**0).
-MAX_SCALE_BYTE = 160
 MXFP4_WEIGHT = {"dtype": "fp4", "qscheme": "per_group", "group_size": 32}
-
-
-def as_bytes(tensor: Any) -> torch.Tensor:
-    """A checkpoint tensor of e8m0 (or uint8) values as raw uint8 bytes."""
-    t = materialize(tensor)
-    return t.view(torch.uint8) if t.dtype != torch.uint8 and t.element_size() == 1 else t
 
 
 class Mxfp4LinearMethod(LinearMethod):
@@ -108,13 +98,6 @@ def adopt_kernel_layout(layer: LinearBase) -> None:
     layer.weight_layout = LAYOUT_CHOICES[wanted](weight)
     if layer.weight_layout == "lanes":
         layer.weight.data = mxfp4_rows_to_lanes(weight)
-
-
-def check_scale_range(prefix: str, scales: torch.Tensor) -> None:
-    if scales.numel() and int(scales.max()) > MAX_SCALE_BYTE:
-        raise UnsupportedQuantizationError(
-            f"{prefix}: MXFP4 scale 2**{int(scales.max()) - 127} is above the supported 2**{MAX_SCALE_BYTE - 127}"
-        )
 
 
 def _is_mxfp4(spec: Any) -> bool:
@@ -185,10 +168,6 @@ class GptOssMxfp4Config(QuantConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> QuantConfig:
-        if config.get("online"):
-            from atom_core.quant.online import OnlineQuantConfig
-
-            return OnlineQuantConfig.from_config(config)
         return cls(exclusion_patterns(config, "modules_to_not_convert"))
 
     def linear_method(self, layer: LinearBase, prefix: str) -> LinearMethod | None:

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from atom_core.errors import UnsupportedQuantizationError
-from atom_core.quant.base import LinearMethod, QuantConfig, UnquantizedLinearMethod, register_scheme
-from atom_core.quant.fp8 import Fp8BlockLinearMethod, Fp8ChannelLinearMethod, replace_param
-from atom_core.quant.mxfp4 import MX_GROUP, Mxfp4LinearMethod, adopt_kernel_layout, check_scale_range
+from atom_core.quant.base import LinearMethod, QuantConfig, UnquantizedLinearMethod, register_online_scheme, register_scheme
+from atom_core.quant.fp8 import Fp8BlockLinearMethod, Fp8ChannelLinearMethod
+from atom_core.quant.mxfp4 import Mxfp4LinearMethod, adopt_kernel_layout
+from atom_core.quant.params import MX_GROUP, check_scale_range, replace_param
 
 if TYPE_CHECKING:
     from atom_core.layers.linear import LinearBase
@@ -87,7 +88,8 @@ class OnlineLinearMethod(LinearMethod):
         return self.runner.apply(layer, x, bias)
 
 
-@register_scheme("ptpc-fp8", "fp8-block")
+@register_online_scheme
+@register_scheme("ptpc-fp8", "fp8-block")  # named by a checkpoint: refused with the reason (from_config)
 class OnlineQuantConfig(QuantConfig):
     """Quantize every linear layer of an unquantized checkpoint at load."""
 
