@@ -246,6 +246,12 @@ def test_ring_applies_only_where_its_kernel_can_run():
     assert not applies(k=512, config={"split_k": 1, "block_k": 512})  # one K step
     assert not applies(stride=8191) and not applies(address=2)
     assert applies(config={"stages": 3}) and not applies(config={"stages": 4})  # a ring of 2 or 3 slots
+    # the checkpoint's byte order: the 8-wide tile only (up to 8 tokens, narrow_m on)
+    for m, config, expected in ((8, {}, True), (9, {}, False), (16, {}, False), (4, {"narrow_m": False}, False)):
+        p = planner.plan(m, 256, 8192, cpu, dict({"loads": "ring"}, **config), layout="rows")
+        assert planner.ring_applies(p, 8192, 8192, 0, (9, 0)) is expected, (m, config)
+        p = planner.plan(m, 256, 8192, cpu, dict({"loads": "ring"}, **config), layout="lanes")
+        assert planner.ring_applies(p, 8192, 8192, 0, (9, 0)), (m, config)
     for k in (1536, 2304, 8192, 14336):  # the ring plan always splits K into whole steps
         p = planner.plan(1, 8192, k, cpu, {"loads": "ring", "split_k": "auto"})
         assert p["k_split"] * p["split"] == k and p["k_split"] % p["block_k"] == 0, p
@@ -265,8 +271,10 @@ def test_ring_kernel(rng, m, n, k, config, layout, static_weights):
     stored = formats.mxfp4_rows_to_lanes(w) if layout == "lanes" else w
     x = randn(m, k, gen=rng, dtype=torch.bfloat16)
     bias = randn(n, gen=rng, dtype=torch.bfloat16) if m % 2 else None
-    p = planner.plan(m, n, k, torch.device("cuda"), config)
-    assert planner.ring_applies(p, k, x.stride(0), 0, torch.cuda.get_device_capability()), p
+    p = planner.plan(m, n, k, torch.device("cuda"), config, layout)
+    # the checkpoint's byte order takes the ring only with the 8-wide tile (planner.ring_applies)
+    serves = layout == "lanes" or planner.ring_tile_tokens(m, config) == 8
+    assert planner.ring_applies(p, k, x.stride(0), 0, torch.cuda.get_device_capability()) == serves, p
     ref = mxfp4_mm.call_backend("reference", x, w, s, bias)
     out = torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda")
     ws = torch.full((p["split"], m, n), float("nan"), dtype=torch.float32, device="cuda")

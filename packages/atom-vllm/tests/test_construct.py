@@ -48,7 +48,8 @@ def cpu_models(tiny_models) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def qkv_excluded_fp8(tiny_models, tmp_path_factory) -> str:
-    """A tiny Qwen3 in FP8 (compressed-tensors, which vLLM runs on the CPU) whose exclusion list names q_proj, k_proj and v_proj of every layer."""
+    """A tiny Qwen3 in FP8 (compressed-tensors, which vLLM runs on the CPU) whose exclusion list names q_proj,
+    k_proj and v_proj of every layer."""
     from atom_core.quant.quantize import quantize_checkpoint
 
     out = tmp_path_factory.mktemp("fp8") / "qkv-excluded"

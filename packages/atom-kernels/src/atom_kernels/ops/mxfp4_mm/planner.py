@@ -100,8 +100,12 @@ def ring_applies(p: dict, k: int, x_stride: int, x_address: int, capability: tup
     per split (at least 2: Triton 3.6 fails to compile the one-step loop), 256-multiple K steps
     in the warpgroup-MMA arrangement with one or two warpgroups over whole 64-row repeats (or, with K parts, 4
     warp-specialized warpgroups over 64 columns with whole K steps, at least 2, per part), and activations that allow
-    4-byte copies."""
+    4-byte copies; on the checkpoint's "rows" byte order only with the 8-wide tile (up to 8 tokens): with the 16-wide
+    tile that loop is not correct on the GPU (an illegal memory access at 16 x 8192 x 8192 on an H100, non-finite
+    outputs at 13 and 16 tokens on an H200), so those calls take the register-load kernel."""
     parts = p.get("parts", 1)
+    if p.get("layout") == "rows" and p.get("tile_tokens", 16) > 8:
+        return False
     warps_fit = (p["num_warps"] in (4, 8) and p["block_n"] % (16 * p["num_warps"]) == 0 if parts == 1 else
                  parts == K_PARTS and p["num_warps"] == 4 and p["block_n"] == 64
                  and p["k_split"] % (parts * p["block_k"]) == 0 and p["k_split"] >= 2 * parts * p["block_k"])
@@ -154,7 +158,7 @@ def plan(m: int, n: int, k: int, device: torch.device, config: dict | None = Non
     if stages == "auto":
         stages = K_PARTS_STAGES if parts > 1 else ring_stages(tile_tokens, k_split // block_k, lanes=layout == "lanes")
     return dict(cfg, c=c, tiles=tiles, split=split, k_split=k_split, mma_rows=loads_in_mma_rows(cfg), stages=stages,
-                parts=parts)
+                parts=parts, layout=layout, tile_tokens=tile_tokens)
 
 
 def vec_sum_applies(cfg: dict, n: int) -> bool:
