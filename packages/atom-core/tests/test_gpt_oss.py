@@ -234,3 +234,25 @@ def test_vllms_spelling_of_the_scheme_parses():
     for method in ("mxfp4", "gpt_oss_mxfp4"):
         config = SimpleNamespace(quantization_config={"quant_method": method, "modules_to_not_convert": NOT_CONVERTED})
         assert isinstance(parse_quant_config(config), GptOssMxfp4Config)
+
+
+def test_sinks_are_stored_in_the_hosts_dtype(tiny):
+    """Attention sinks take the dtype the host's attention reads (vLLM's backends: the model's dtype, bf16 on a GPU,
+    where FlashAttention-3 refuses fp32 sinks); the checkpoint's values load into it."""
+    from atom_core.config import load_hf_config
+    from atom_core.loader import Checkpoint
+    from atom_core.models.gpt_oss import GptOssForCausalLM
+    from atom_core.runtime.host import NativeHost
+
+    model_dir = tiny("GptOssForCausalLM")
+
+    class Bf16SinksHost(NativeHost):
+        attention_sinks_dtype = torch.bfloat16
+
+    for host, dtype in ((NativeHost(), torch.float32), (Bf16SinksHost(), torch.bfloat16)):
+        model = GptOssForCausalLM(load_hf_config(model_dir), host)
+        model.load_weights(Checkpoint(model_dir))
+        sinks = [m.sinks for m in model.modules() if getattr(m, "sinks", None) is not None]
+        assert sinks and {s.dtype for s in sinks} == {dtype}
+        stored = load_file(f"{model_dir}/model.safetensors")["model.layers.0.self_attn.sinks"]
+        torch.testing.assert_close(sinks[0].float(), stored.to(dtype).float(), rtol=0, atol=0)

@@ -71,6 +71,7 @@ class Host(Protocol):
 
     tp: TensorParallel
     quant: Any  # atom_core.quant.QuantConfig | None
+    attention_sinks_dtype: torch.dtype  # the dtype this host's attention takes ``sinks`` in (the models store them so)
 
     def attention(
         self,

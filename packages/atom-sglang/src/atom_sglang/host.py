@@ -104,6 +104,7 @@ class SGLangHost:
         self.tp = tp if tp is not None else SGLangTP(compat.tp_group())
         self.quant = quant
         self.forward_batch: Any = None  # published by the wrapper around each forward
+        self.attention_sinks_dtype = torch.float32  # its attention backends read sinks in fp32
         self.attention_layers: list[SGLangAttention | SGLangLatentAttention] = []
         self.linear_attention_states: list[SGLangLinearAttentionState] = []
 

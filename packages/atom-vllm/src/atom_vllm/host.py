@@ -55,6 +55,9 @@ class VllmHost:
         self.quant = quant
         self.attention_layers: dict[str, nn.Module] = {}
         self.linear_attention_layers: dict[str, nn.Module] = {}
+        # vLLM's attention backends take sinks in the model's dtype (FlashAttention-3 refuses fp32 ones; vLLM's own
+        # gpt-oss stores them in bf16, as the checkpoints do)
+        self.attention_sinks_dtype = vllm_config.model_config.dtype
 
     def _cache_config_for(self, sliding_window: int | None) -> Any:
         # vLLM's Attention falls back to the model-wide cache_config.sliding_window when a layer passes no

@@ -69,7 +69,7 @@ class Attention(nn.Module):
         heads = self.qkv_proj.num_heads
         self.sinks = None
         if options.sinks:
-            self.sinks = make_param((heads,), torch.float32, weight_loader=head_slice_loader(host.tp.rank * heads))
+            self.sinks = make_param((heads,), host.attention_sinks_dtype, weight_loader=head_slice_loader(host.tp.rank * heads))
         self.attn = host.attention(
             f"{prefix}.attn", layer_id, heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
             cfg.head_dim**-0.5, sliding_window=cfg.sliding_windows[layer_id], sinks=self.sinks,

@@ -19,6 +19,7 @@ from atom_kernels.gdn import K_MAJOR
 
 class NativeHost:
     linear_attention_layout = K_MAJOR  # the layout of its GDN SSM state pools (a class attribute tests may change)
+    attention_sinks_dtype = torch.float32  # ATOM's paged attention reads sinks in fp32
 
     def __init__(self, tp: TensorParallel | None = None, quant: Any = None):
         self.tp = tp or SingleRank()
