@@ -117,6 +117,11 @@ _TINY_QWEN3_5_MOE = dict(
                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=96, shared_expert_intermediate_size=128),
 )
 
+# A tiny MiniMax-M2: q/k norms over the whole projection, rotary on half of each 64-wide head (``rotary_dim``, as its
+# published configs spell it), sigmoid routing with a correction bias over 8 experts of 96 features, top-2.
+_TINY_MINIMAX_M2 = dict(_TINY_MOE, intermediate_size=96, num_local_experts=8, num_experts_per_tok=2, rotary_dim=32,
+                        scoring_func="sigmoid", use_routing_bias=True)
+
 # Tiny gpt-oss: a sliding-window layer (window 16, shorter than the parity prompts) then a full one, YaRN
 # rope (factor 8 over 64 original positions, untruncated as gpt-oss' own), 8 experts of 96 features, top-4.
 _TINY_GPT_OSS = dict(
@@ -184,6 +189,10 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             "DeepseekV3ForCausalLM", "atom_core.models.deepseek_v3:DeepseekV3ForCausalLM", "deepseek_v3",
             "transformers:DeepseekV3ForCausalLM", "deepseek_v3", capabilities=frozenset({TEXT, MLA}),
             quant_formats=("fp8-block", "quark-mxfp4"), tiny=_TINY_DEEPSEEK_V3,
+        ),
+        ArchSpec(
+            "MiniMaxM2ForCausalLM", "atom_core.models.minimax_m2:MiniMaxM2ForCausalLM", "minimax_m2",
+            "transformers:MiniMaxM2ForCausalLM", "minimax_m2", tiny=_TINY_MINIMAX_M2,
         ),
         ArchSpec(
             "GptOssForCausalLM", "atom_core.models.gpt_oss:GptOssForCausalLM", "gpt_oss",
