@@ -18,7 +18,7 @@ MODEL_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # must be transformers' torch code, so fla is made unimportable in the test process (benches run apart).
 sys.modules.setdefault("fla", None)
 
-from atom_core.tiny import make_tiny  # noqa: E402
+from atom_core.tiny import make_tiny, save_reference  # noqa: E402
 
 _CACHE: dict[tuple, str] = {}
 
@@ -76,13 +76,14 @@ def with_random_vectors(src: str, dst: Path, scale: float = 0.1) -> str:
         config = transformers.AutoConfig.from_pretrained(src)
         from atom_core import catalog
 
-        model = catalog.resolve(config).hf_model_class().from_pretrained(src, dtype=torch.float32).eval()
+        spec = catalog.resolve(config)
+        model = spec.hf_model_class().from_pretrained(src, dtype=torch.float32).eval()
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for tensor in model.state_dict().values():
                 if tensor.dim() == 1 and tensor.is_floating_point():
                     tensor.add_(torch.randn(tensor.shape, generator=gen) * scale)
-        model.save_pretrained(str(dst))
+        save_reference(model, spec.name, dst)
         for extra in Path(src).iterdir():
             if extra.name.startswith(("tokenizer", "preprocessor", "processor", "chat_template")):
                 shutil.copy(extra, dst / extra.name)
