@@ -93,3 +93,43 @@ def test_placeholder_count_is_the_processors(tiny):
         expanded = Kimi_K25Processor.replace_image_token(processor, {"image_grid_thw": grids}, i)
         ids = with_image_placeholders(config, [], grids[i : i + 1])
         assert ids.count(config.image_token_id) == expanded.count("<|media_pad|>")
+
+
+def test_mxfp4_expert_checkpoint(kimi_dir, tmp_path):
+    """``atom quantize --scheme mxfp4`` writes amd/Kimi-K2.5-MXFP4's layout (Quark MXFP4 on the routed experts only,
+    the checkpoint's own names, everything else listed in ``exclude`` by those names); ATOM loads it (the exclusions
+    reach its renamed modules) and matches transformers run on the dequantized weights, images included."""
+    import re
+
+    from parity import PROMPTS, reference_logits
+    from quant_helpers import logit_metrics, read_tensors, reference_with_quantized_weights
+
+    from atom_core.quant.quantize import quantize_checkpoint
+
+    out = str(quantize_checkpoint(kimi_dir, tmp_path / "mxfp4", "mxfp4"))
+    tensors = read_tensors(out)
+    scales = sorted(name for name in tensors if name.endswith(".weight_scale"))
+    expert = re.compile(r"^language_model\.model\.layers\.2\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight_scale$")
+    assert len(scales) == 16 * 3 and all(expert.match(name) for name in scales), scales[:4]
+    gate = "language_model.model.layers.2.mlp.experts.5.gate_proj"
+    assert tensors[f"{gate}.weight"].dtype == torch.uint8 and tuple(tensors[f"{gate}.weight"].shape) == (64, 128)
+    assert tuple(tensors[f"{gate}.weight_scale"].shape) == (64, 256 // 32)
+    quant = Runner(out).hf_config.quantization_config
+    assert quant["quant_method"] == "quark" and quant["global_quant_config"]["input_tensors"]["dtype"] == "fp4"
+    assert {"language_model.lm_head", "language_model.model.layers.0.self_attn.q_a_proj",
+            "language_model.model.layers.2.mlp.shared_experts.down_proj", "language_model.model.layers.0.mlp.gate_proj",
+            "vision_tower.encoder.blocks.1.wqkv", "mm_projector.proj.2"} <= set(quant["exclude"])
+
+    runner = Runner(out)
+    model = runner.model
+    assert model.model.layers[2].mlp.experts.w13_weight.dtype == torch.uint8
+    for layer in (model.model.layers[0].self_attn.q_a_proj, model.model.layers[2].mlp.shared_expert.down_proj,
+                  model.vision_tower.blocks[1].attn.qkv, model.mm_projector.linear_fc2, model.lm_head):
+        assert layer.weight.dtype == torch.float32, layer
+    reference = reference_with_quantized_weights(
+        hf_kimi(kimi_dir), out, "mxfp4", lambda name: re.sub(r"^model\.language_model\.", "language_model.model.", name))
+    rel, max_abs, _ = logit_metrics(runner.prompt_logits(PROMPTS), reference_logits(reference, PROMPTS))
+    assert rel <= 1e-5, f"vs the dequantized reference: relative logit error {rel:.2e} (max {max_abs:.2e})"
+    images = random_images([[1, 4, 6]], seed=4)
+    prompt = Prompt(with_image_placeholders(runner.hf_config, [5, 17, 99], images.image_grid_thw), images)
+    check_multimodal(runner, reference, [prompt], max_new_tokens=3)

@@ -30,7 +30,7 @@ from atom_core import catalog
 from atom_core.catalog import ArchSpec
 from atom_core.config import text_config
 from atom_core.errors import UnsupportedConfigError
-from atom_core.quant import parse_quant_config
+from atom_core.quant import model_quant_config
 from atom_core.versions import check_requirements
 from atom_sglang import capabilities, compat
 from atom_sglang.host import SGLangHost
@@ -56,7 +56,7 @@ class SGLangCausalLM(nn.Module):
             raise UnsupportedConfigError(f"{name}: {reason}")
         # SGLang's quant_config configures SGLang's layers; ATOM's layers read the checkpoint's
         # quantization_config with ATOM's own schemes.
-        host = SGLangHost(quant=parse_quant_config(config))
+        host = SGLangHost(quant=model_quant_config(self.atom_spec.model_class(), config))
         super().__init__(config, host, prefix)
         self.atom_host = host
         # the checkpoint SGLang reads (its config comes from there): names a file its reader cannot open

@@ -16,7 +16,7 @@ import torch
 
 from atom_core import catalog
 from atom_core.errors import UnsupportedConfigError
-from atom_core.quant import parse_quant_config
+from atom_core.quant import model_quant_config
 from atom_vllm.capabilities import missing, mixins, plan, vllm_bases
 from atom_vllm.compilation import compiles, support_torch_compile
 from atom_vllm.host import VllmHost
@@ -35,7 +35,7 @@ class VllmModelAdapter:
 
     def __init__(self, *, vllm_config: Any, prefix: str = ""):
         hf_config = vllm_config.model_config.hf_config
-        host = VllmHost(vllm_config, quant=parse_quant_config(hf_config))
+        host = VllmHost(vllm_config, quant=model_quant_config(self.atom_class, hf_config))
         self.atom_class.__init__(self, hf_config, host, prefix)
         self.host = [host]  # a list keeps the host out of the module tree
         self.checkpoint_dir = vllm_config.model_config.model  # names a file vLLM's reader cannot open (atom_core.loader)

@@ -11,12 +11,13 @@ from atom_core.quant.base import (
     LinearMethod,
     QuantConfig,
     UnquantizedLinearMethod,
+    model_quant_config,
     parse_quant_config,
     register_scheme,
     supported_schemes,
 )
 
 __all__ = [
-    "LinearMethod", "QuantConfig", "UnquantizedLinearMethod", "parse_quant_config", "register_scheme",
+    "LinearMethod", "QuantConfig", "UnquantizedLinearMethod", "model_quant_config", "parse_quant_config", "register_scheme",
     "supported_schemes",
 ]

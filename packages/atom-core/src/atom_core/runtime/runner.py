@@ -15,7 +15,7 @@ from atom_core.config import load_hf_config, text_config
 from atom_core.errors import DeviceUnavailableError, UsageError
 from atom_core.host import TensorParallel
 from atom_core.loader import Checkpoint
-from atom_core.quant import parse_quant_config
+from atom_core.quant import model_quant_config
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.graphs import DecodeGraphs
 from atom_core.runtime.host import NativeHost
@@ -81,8 +81,7 @@ class Runner:
         self.block_size = block_size
         self.hf_config = load_hf_config(self.model_dir)
         self.spec = catalog.resolve(self.hf_config)
-        quant = parse_quant_config(self.hf_config, online=quantization,
-                                   packed_modules=self.spec.model_class().packed_modules_mapping())
+        quant = model_quant_config(self.spec.model_class(), self.hf_config, online=quantization)
         self.host = NativeHost(tp=tp, quant=quant)
         with torch.device(self.device), _default_dtype(dtype):
             self.model = self.spec.model_class()(self.hf_config, self.host)
