@@ -101,6 +101,7 @@ _TINY_KIMI_K25 = dict(
     projection_hidden_size=64, tie_word_embeddings=False,
     # placeholder ids above the tiny tokenizer's 384 tokens
     image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503,
+    media_placeholder_token_id=500,  # the published configs' spelling of image_token_id (SGLang's processor reads it)
 )
 _TINY_KIMI_IMAGES = {
     "image_processor_type": "Kimi_K25ImageProcessor", "patch_size": 8, "merge_size": 2, "max_patches": 256,
