@@ -18,7 +18,7 @@ MODEL_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # must be transformers' torch code, so fla is made unimportable in the test process (benches run apart).
 sys.modules.setdefault("fla", None)
 
-from atom_core.tiny import make_tiny  # noqa: E402
+from atom_core.tiny import make_tiny, save_reference  # noqa: E402
 
 _CACHE: dict[tuple, str] = {}
 
@@ -63,4 +63,28 @@ def with_random_correction_bias(src: str, dst: Path) -> str:
         model.save_pretrained(str(dst))
         for extra in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(Path(src) / extra, dst / extra)
+    return str(dst)
+
+
+def with_random_vectors(src: str, dst: Path, scale: float = 0.1) -> str:
+    """A copy (at ``dst``, written once) of the checkpoint at ``src`` whose 1-D tensors (norm weights, biases,
+    routers' correction biases) have ``scale``·N(0, 1) added: transformers starts them at one or zero, which would
+    leave a norm applied over the wrong features, a missing bias or an unread correction bias untested."""
+    if not (dst / "config.json").exists():
+        import transformers
+
+        config = transformers.AutoConfig.from_pretrained(src)
+        from atom_core import catalog
+
+        spec = catalog.resolve(config)
+        model = spec.hf_model_class().from_pretrained(src, dtype=torch.float32).eval()
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                if tensor.dim() == 1 and tensor.is_floating_point():
+                    tensor.add_(torch.randn(tensor.shape, generator=gen) * scale)
+        save_reference(model, spec.name, dst)
+        for extra in Path(src).iterdir():
+            if extra.name.startswith(("tokenizer", "preprocessor", "processor", "chat_template")):
+                shutil.copy(extra, dst / extra.name)
     return str(dst)

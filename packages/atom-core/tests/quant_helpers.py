@@ -52,16 +52,18 @@ def _fake_group(x: torch.Tensor, group: int) -> torch.Tensor:
     return q.float() * s.repeat_interleave(group, dim=-1)[..., : x.shape[-1]]
 
 
-def reference_with_quantized_weights(hf: nn.Module, quantized_dir: str, scheme: str) -> nn.Module:
+def reference_with_quantized_weights(hf: nn.Module, quantized_dir: str, scheme: str,
+                                     checkpoint_name=lambda name: name) -> nn.Module:
     """``hf`` with every quantized linear's weight replaced by its dequantized value and, for FP8,
-    a pre-hook that quantizes the linear's input like ATOM does."""
+    a pre-hook that quantizes the linear's input like ATOM does.  ``checkpoint_name``: a transformers module name
+    as the checkpoint spells it (where the two differ)."""
     tensors = read_tensors(quantized_dir)
-    _replace_experts(hf, tensors, scheme)
+    _replace_experts(hf, tensors, scheme, checkpoint_name)
     fake = FAKE_ACT[scheme]
     for name, module in hf.named_modules():
         if not isinstance(module, nn.Linear) or name.split(".")[-1] not in LINEARS:
             continue
-        weight = dequantized_weight(tensors, name, scheme)
+        weight = dequantized_weight(tensors, checkpoint_name(name), scheme)
         if weight is None:
             continue
         module.weight.data = weight.to(module.weight.dtype)
@@ -70,13 +72,14 @@ def reference_with_quantized_weights(hf: nn.Module, quantized_dir: str, scheme: 
     return hf
 
 
-def _replace_experts(hf: nn.Module, tensors: dict[str, torch.Tensor], scheme: str) -> None:
+def _replace_experts(hf: nn.Module, tensors: dict[str, torch.Tensor], scheme: str, checkpoint_name) -> None:
     """transformers' stacked experts (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) get the
     dequantized per-expert weights; for FP8 blocks their forward also rounds each GEMM's input rows
     per 128 columns, as the fused MoE kernels do."""
     for name, module in hf.named_modules():
         if not (hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and name.endswith("experts")):
             continue
+        name = checkpoint_name(name)
         gates = [dequantized_weight(tensors, f"{name}.{e}.gate_proj", scheme) for e in range(module.num_experts)]
         if gates[0] is None:
             continue  # experts left unquantized

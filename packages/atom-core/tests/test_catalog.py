@@ -8,7 +8,8 @@ from atom_core.errors import UnsupportedArchitectureError
 def test_entries_import_and_name_real_classes(arch):
     spec = catalog.get(arch)
     assert spec.model_class().__name__ == arch
-    assert spec.hf_model_class().__name__ == arch
+    # transformers may spell the class with underscores the configs' architecture name lacks (Kimi_K25...)
+    assert spec.hf_model_class().__name__.replace("_", "") == arch.replace("_", "")
     assert catalog.TEXT in spec.capabilities
 
 

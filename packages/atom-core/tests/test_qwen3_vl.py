@@ -2,6 +2,7 @@
 tokens, decode log-probabilities) and prompts with images (the same, through the vision tower, interleaved
 MRoPE positions and deepstack), the kernels' Triton path, and ``atom generate --image``."""
 
+import inspect
 import json
 
 import numpy as np
@@ -48,26 +49,27 @@ def image_prompts(model_dir, hf_config, image_files):
     ]
 
 
+def hf_image_kwargs(hf, ids: torch.Tensor, prompt: Prompt, device) -> dict:
+    """The image arguments of transformers' forward (``mm_token_type_ids`` where its signature takes them)."""
+    if prompt.images is None:
+        return {}
+    kwargs = dict(pixel_values=prompt.images.pixel_values.to(device), image_grid_thw=prompt.images.image_grid_thw.to(device))
+    if "mm_token_type_ids" in inspect.signature(hf.forward).parameters:
+        kwargs["mm_token_type_ids"] = (ids == hf.config.image_token_id).int()
+    return kwargs
+
+
 @torch.inference_mode()
 def hf_logits(hf, prompt: Prompt, extra_tokens=(), device="cpu"):
     """transformers' logits over ``prompt`` (+ ``extra_tokens`` of text), images included."""
     ids = torch.tensor([prompt.token_ids + list(extra_tokens)], device=device)
-    kwargs = {}
-    if prompt.images is not None:
-        kwargs = dict(pixel_values=prompt.images.pixel_values.to(device),
-                      image_grid_thw=prompt.images.image_grid_thw.to(device),
-                      mm_token_type_ids=(ids == hf.config.image_token_id).int())
-    return hf(input_ids=ids, **kwargs).logits[0].float().cpu()
+    return hf(input_ids=ids, **hf_image_kwargs(hf, ids, prompt, device)).logits[0].float().cpu()
 
 
 @torch.inference_mode()
 def hf_greedy(hf, prompt: Prompt, max_new_tokens, device="cpu"):
     ids = torch.tensor([prompt.token_ids], device=device)
-    kwargs = {}
-    if prompt.images is not None:
-        kwargs = dict(pixel_values=prompt.images.pixel_values.to(device),
-                      image_grid_thw=prompt.images.image_grid_thw.to(device),
-                      mm_token_type_ids=(ids == hf.config.image_token_id).int())
+    kwargs = hf_image_kwargs(hf, ids, prompt, device)
     out = hf.generate(input_ids=ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
                       pad_token_id=0, **kwargs)
     return out[0, len(prompt.token_ids):].tolist()

@@ -117,7 +117,7 @@ def test_images_match_transformers(vl, cpu_runtime, monkeypatch):
     cut = image_rows[5]  # the first prefill chunk ends inside the first image
     first = batch.step({0: padded[:cut], 1: TEXT_ONLY})
     (_, _, embeds), kw = seen[-1]
-    deepstack = kw["deepstack"]
+    deepstack = kw.get("deepstack")
     if model.num_deepstack_embeddings:  # Qwen3-VL
         assert deepstack is not None and deepstack.token_index is None  # the dense form
         assert deepstack.embeds.shape == (len(model.deepstack_visual_indexes), cut + len(TEXT_ONLY), embeds.shape[-1])
@@ -170,8 +170,13 @@ PROCESSOR_CLASS = ByRelease("SGLang's multimodal processor choice", {
 })
 
 
-def test_sglang_picks_its_qwen_vl_processor_for_atoms_class(vl, cpu_runtime):
-    """SGLang chooses processors by the model class's name: its own Qwen-VL processor serves ATOM's class."""
+# architecture -> the module of SGLang's own processor for it (the Qwen-VL one unless named here)
+OWN_PROCESSOR = {"KimiK25ForConditionalGeneration": "sglang.srt.multimodal.processors.kimi_k25"}
+
+
+def test_sglang_picks_its_own_processor_for_atoms_class(vl, cpu_runtime):
+    """SGLang chooses processors by the model class's name: its own processor for the architecture serves ATOM's
+    class."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.managers.multimodal_processor import import_processors
 
@@ -179,7 +184,8 @@ def test_sglang_picks_its_qwen_vl_processor_for_atoms_class(vl, cpu_runtime):
     hf_config = ModelConfig(model_path=vl[0]).hf_config
     (arch,) = hf_config.architectures
     processor = PROCESSOR_CLASS.get()(hf_config)
-    assert processor is not None and processor.__module__ == "sglang.srt.multimodal.processors.qwen_vl"
+    want = OWN_PROCESSOR.get(arch, "sglang.srt.multimodal.processors.qwen_vl")
+    assert processor is not None and processor.__module__ == want
     assert arch in {m.__name__ for m in processor.models}
 
 

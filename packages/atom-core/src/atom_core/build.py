@@ -1,6 +1,7 @@
 """The one way every host builds a model: the catalog entry of the config, the quantization scheme of the
-checkpoint with the model's fused-layer map (so an exclusion list that names ``q_proj``, ``k_proj``, ``v_proj``
-reaches the fused ``qkv_proj`` the same way on every host), the host object over that scheme, then the model.
+checkpoint with the model's fused-layer map and renames (so an exclusion list that names ``q_proj``, ``k_proj``,
+``v_proj`` reaches the fused ``qkv_proj``, and one naming modules as a published checkpoint does reaches ATOM's layers,
+the same way on every host), the host object over that scheme, then the model.
 
 The native runner, the vLLM adapter and the SGLang adapter all call :func:`build_model`; a host contributes only
 its host object (``make_host``) and, for the adapters, the wrapper instance the model is built into (their wrapper
@@ -34,7 +35,8 @@ def plan_model(hf_config: Any, *, spec: catalog.ArchSpec | None = None, online: 
     wrapper class is one entry's); ``online``: a scheme quantizing an unquantized checkpoint at load."""
     spec = spec or catalog.resolve(hf_config)
     model_class = spec.model_class()
-    quant = parse_quant_config(hf_config, online=online, packed_modules=model_class.packed_modules_mapping())
+    quant = parse_quant_config(hf_config, online=online, packed_modules=model_class.packed_modules_mapping(),
+                               rename=model_class.weight_mapper.rename)
     return ModelPlan(spec, model_class, quant)
 
 

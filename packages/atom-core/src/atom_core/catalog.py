@@ -33,6 +33,9 @@ class ArchSpec:
     quant_formats: tuple[str, ...] = ()
     tiny: dict[str, Any] = field(default_factory=dict)  # config overrides for `atom make-tiny`
     tiny_preprocessor: dict[str, Any] = field(default_factory=dict)  # its preprocessor_config.json, if any
+    # (regex, replacement) from the names transformers' ``save_pretrained`` writes to the published checkpoints'
+    # names, where its reverse name conversion falls short (applied by ``atom make-tiny``)
+    published_names: tuple[tuple[str, str], ...] = ()
 
     def model_class(self) -> type:
         module, _, name = self.model.partition(":")
@@ -88,6 +91,30 @@ _TINY_DEEPSEEK_V3 = dict(
                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
 )
 
+# A tiny Kimi-K2.5: the tiny DeepSeek-V3 above under a two-block MoonViT tower of 8-pixel patches (head 32, an 8x8
+# learned position grid resampled to each image) whose 2x2-merged patches land in the decoder's width.
+_TINY_KIMI_K25 = dict(
+    text_config=dict(_TINY_DEEPSEEK_V3, model_type="deepseek_v3"),
+    vision_config=dict(patch_size=8, pos_emb_height=8, pos_emb_width=8, pos_emb_time=4, num_attention_heads=2,
+                       num_hidden_layers=2, hidden_size=64, intermediate_size=128, merge_kernel_size=[2, 2],
+                       rope_parameters={"rope_type": "axial", "rope_theta": 10000.0}),
+    projection_hidden_size=64, tie_word_embeddings=False,
+    # placeholder ids above the tiny tokenizer's 384 tokens
+    image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503,
+    media_placeholder_token_id=500,  # the published configs' spelling of image_token_id (SGLang's processor reads it)
+)
+_TINY_KIMI_IMAGES = {
+    "image_processor_type": "Kimi_K25ImageProcessor", "patch_size": 8, "merge_size": 2, "max_patches": 256,
+    "size": {"max_height": 16, "max_width": 16},  # at most 16 patches a side
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+}
+# transformers' save_pretrained writes three Kimi-K2.5 names its reverse conversion misses
+_KIMI_PUBLISHED_NAMES = (
+    (r"^language_model\.model\.blocks\.", "language_model.model.layers."),
+    (r"^model\.mm_projector\.", "mm_projector."),
+    (r"^vision_tower\.encoder\.patch_embed\.", "vision_tower.patch_embed."),
+)
+
 # A tiny hybrid: Gated DeltaNet layers 0 and 2 (HV = 2H), gated full attention 1 and 3 (partial rotary);
 # sparse MoE with a shared expert except layer 2's dense MLP.
 _TINY_QWEN3_NEXT = dict(
@@ -116,6 +143,11 @@ _TINY_QWEN3_5_MOE = dict(
     text_config=dict({k: v for k, v in _TINY_QWEN3_5_TEXT.items() if k != "intermediate_size"},
                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=96, shared_expert_intermediate_size=128),
 )
+
+# A tiny MiniMax-M2: q/k norms over the whole projection, rotary on half of each 64-wide head (``rotary_dim``, as its
+# published configs spell it), sigmoid routing with a correction bias over 8 experts of 96 features, top-2.
+_TINY_MINIMAX_M2 = dict(_TINY_MOE, intermediate_size=96, num_local_experts=8, num_experts_per_tok=2, rotary_dim=32,
+                        scoring_func="sigmoid", use_routing_bias=True)
 
 # Tiny gpt-oss: a sliding-window layer (window 16, shorter than the parity prompts) then a full one, YaRN
 # rope (factor 8 over 64 original positions, untruncated as gpt-oss' own), 8 experts of 96 features, top-4.
@@ -184,6 +216,15 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             "DeepseekV3ForCausalLM", "atom_core.models.deepseek_v3:DeepseekV3ForCausalLM", "deepseek_v3",
             "transformers:DeepseekV3ForCausalLM", "deepseek_v3", capabilities=frozenset({TEXT, MLA}),
             quant_formats=("fp8-block", "quark-mxfp4"), tiny=_TINY_DEEPSEEK_V3,
+        ),
+        ArchSpec(
+            "MiniMaxM2ForCausalLM", "atom_core.models.minimax_m2:MiniMaxM2ForCausalLM", "minimax_m2",
+            "transformers:MiniMaxM2ForCausalLM", "minimax_m2", tiny=_TINY_MINIMAX_M2,
+        ),
+        ArchSpec(
+            "KimiK25ForConditionalGeneration", "atom_core.models.kimi_k25:KimiK25ForConditionalGeneration", "kimi_k25",
+            "transformers:Kimi_K25ForConditionalGeneration", "kimi_k25", capabilities=frozenset({TEXT, MLA, MULTIMODAL}),
+            tiny=_TINY_KIMI_K25, tiny_preprocessor=_TINY_KIMI_IMAGES, published_names=_KIMI_PUBLISHED_NAMES,
         ),
         ArchSpec(
             "GptOssForCausalLM", "atom_core.models.gpt_oss:GptOssForCausalLM", "gpt_oss",

@@ -70,6 +70,8 @@ def rope_parameters(cfg: Any) -> dict[str, Any]:
     if params["rope_type"] in ("llama3", "yarn", "longrope"):
         params.setdefault("original_max_position_embeddings", cfg.max_position_embeddings)
     prf = getattr(cfg, "partial_rotary_factor", None)
+    if prf is None and getattr(cfg, "rotary_dim", None):  # the legacy spelling (MiniMax-M2's configs)
+        prf = cfg.rotary_dim / (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     if prf is not None:
         params.setdefault("partial_rotary_factor", prf)
     return params

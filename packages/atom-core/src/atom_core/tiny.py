@@ -9,6 +9,7 @@ written whole or not at all (:mod:`atom_core.staging`).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +73,39 @@ def make_tiny(arch: str, out_dir: str | Path, *, seed: int = 0, max_shard_size: 
     with staged_dir(out, overwrite=overwrite) as tmp:
         torch.manual_seed(seed)
         model = spec.hf_model_class()(config).to(dtype)
-        save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
-        model.save_pretrained(str(tmp), safe_serialization=True, **save_kwargs)
+        save_reference(model, arch, tmp, max_shard_size=max_shard_size)
         write_processor_files(arch, config, tmp, tokenizer)
     return out
+
+
+def save_reference(model, arch: str, out: str | Path, *, max_shard_size: str | int | None = None) -> None:
+    """``model.save_pretrained(out)`` under the names the architecture's published checkpoints use: config.json's
+    ``architectures`` is ``arch`` (transformers writes its class name, which may be spelled otherwise), and where
+    transformers' reverse name conversion misses some tensor names (``ArchSpec.published_names``) the written
+    safetensors files (and their index) are renamed in place."""
+    save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
+    model.save_pretrained(str(out), safe_serialization=True, **save_kwargs)
+    config_file = Path(out) / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "architectures": [arch]}, indent=2))
+    renames = [(re.compile(pattern), repl) for pattern, repl in catalog.get(arch).published_names]
+    if not renames:
+        return
+
+    def published(name: str) -> str:
+        for pattern, repl in renames:
+            name = pattern.sub(repl, name)
+        return name
+
+    from safetensors.torch import load_file, save_file
+
+    for file in sorted(Path(out).glob("*.safetensors")):
+        tensors = load_file(str(file))
+        save_file({published(k): v for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
+    index = Path(out) / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {published(k): v for k, v in data["weight_map"].items()}
+        index.write_text(json.dumps(data, indent=2))
 
 
 def write_processor_files(arch: str, config, out: Path, tokenizer=None) -> None:

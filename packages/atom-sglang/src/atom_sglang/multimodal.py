@@ -102,9 +102,9 @@ class LanguageModel:
                  **kwargs: Any) -> torch.Tensor:
         if kwargs:
             raise UnsupportedConfigError(f"{type(self._model).__name__}: unexpected language-model inputs {sorted(kwargs)}")
-        deepstack = None
+        extra = {}  # a model without deepstack layers (Kimi-K2.5) takes no deepstack argument
         if input_deepstack_embeds is not None:
             hidden = self._model.decoder_config.hidden_size
             layers = input_deepstack_embeds.view(input_deepstack_embeds.shape[0], -1, hidden).transpose(0, 1)
-            deepstack = Deepstack(token_index=None, embeds=layers.to(input_embeds.dtype))
-        return self._model.atom_forward(input_ids, positions, input_embeds, deepstack=deepstack)
+            extra["deepstack"] = Deepstack(token_index=None, embeds=layers.to(input_embeds.dtype))
+        return self._model.atom_forward(input_ids, positions, input_embeds, **extra)

@@ -50,6 +50,7 @@ class VisionConfig:
     deepstack_indexes: tuple[int, ...]
     hidden_act: str
     rope_theta: float
+    layer_norm_eps: float = 1e-6  # the blocks' and the mergers' LayerNorms
 
     @property
     def head_dim(self) -> int:
@@ -198,8 +199,8 @@ class VisionMLP(nn.Module):
 class VisionBlock(nn.Module):
     def __init__(self, cfg: VisionConfig, *, host: Host, prefix: str):
         super().__init__()
-        self.norm1 = LayerNorm(cfg.hidden_size)
-        self.norm2 = LayerNorm(cfg.hidden_size)
+        self.norm1 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
+        self.norm2 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.attn = VisionAttention(cfg, host=host, prefix=f"{prefix}.attn")
         self.mlp = VisionMLP(cfg, host=host, prefix=f"{prefix}.mlp")
 
@@ -216,7 +217,7 @@ class PatchMerger(nn.Module):
         super().__init__()
         self.merged = cfg.hidden_size * cfg.spatial_merge_size**2
         self.norm_after_merge = norm_after_merge
-        self.norm = LayerNorm(self.merged if norm_after_merge else cfg.hidden_size)
+        self.norm = LayerNorm(self.merged if norm_after_merge else cfg.hidden_size, cfg.layer_norm_eps)
         self.linear_fc1 = ColumnParallelLinear(self.merged, [self.merged], bias=True, host=host,
                                                prefix=f"{prefix}.linear_fc1")
         self.linear_fc2 = RowParallelLinear(self.merged, cfg.out_hidden_size, bias=True, host=host,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 
 from atom_core.errors import UnsupportedQuantizationError
 from atom_core.layers.params import make_param
+from atom_core.quant.exclusions import in_model_names
 
 if TYPE_CHECKING:
     from atom_core.layers.linear import LinearBase
@@ -79,13 +81,18 @@ def supported_schemes() -> list[str]:
 
 
 def parse_quant_config(hf_config: Any, online: str | None = None,
-                       packed_modules: dict[str, list[str]] | None = None) -> QuantConfig | None:
+                       packed_modules: dict[str, list[str]] | None = None,
+                       rename: Callable[[str], str] | None = None) -> QuantConfig | None:
     """The scheme of a checkpoint's ``quantization_config`` (None when unquantized), or, with
     ``online``, the scheme that quantizes an unquantized checkpoint's weights at load.
-    ``packed_modules``: the model's ``packed_modules_mapping`` (how exclusions reach fused layers)."""
+    ``packed_modules``: the model's ``packed_modules_mapping`` (how exclusions reach fused layers); ``rename``: the
+    model's checkpoint-to-parameter renames (``WeightMapper.rename``), which exclusion lists' module names go
+    through (:func:`atom_core.quant.exclusions.in_model_names`)."""
     qcfg = getattr(hf_config, "quantization_config", None)
     if qcfg and not isinstance(qcfg, dict):
         qcfg = qcfg.to_dict()
+    if qcfg and rename is not None:
+        qcfg = in_model_names(qcfg, rename)
     if online:
         if qcfg:
             raise UnsupportedQuantizationError(

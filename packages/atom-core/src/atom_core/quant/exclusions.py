@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from atom_core.errors import UnsupportedQuantizationError
 
@@ -89,3 +89,26 @@ def exclusion_patterns(config: Mapping, *keys: str) -> list[str]:
                 value = [value]
             patterns.extend(str(v) for v in value)
     return patterns
+
+
+# the quantization_config keys that list modules left unquantized (one per scheme family)
+EXCLUSION_KEYS = ("ignore", "ignored_layers", "modules_to_not_convert", "exclude")
+
+
+def in_model_names(config: Mapping, rename: Callable[[str], str]) -> dict:
+    """``config`` with the plain module names of its exclusion lists (not ``re:`` or glob patterns) put through
+    ``rename``, the model's checkpoint-to-parameter renames: a published list names modules as the checkpoint does
+    (Kimi-K2.5: ``language_model.model.layers.0.self_attn.q_a_proj``), while the model's layers know their own names
+    (``model.layers.0.self_attn.q_a_proj``).  A name is renamed with a trailing dot, as the start of its tensors'
+    names (``<module>.weight``) is."""
+    def renamed(pattern: str) -> str:
+        if pattern.startswith("re:") or _GLOB_CHARS & set(pattern):
+            return pattern
+        return rename(f"{pattern}.")[:-1]
+
+    out = dict(config)
+    for key in EXCLUSION_KEYS:
+        value = config.get(key)
+        if value:
+            out[key] = [renamed(str(v)) for v in ([value] if isinstance(value, str) else value)]
+    return out

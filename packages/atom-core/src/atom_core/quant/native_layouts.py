@@ -13,6 +13,13 @@ generic layout (``mxfp4``: AMD Quark's dense MXFP4).
   element 2i in the low nibble.  Every other tensor (attention, router, embeddings, norms, sinks, the expert
   biases) is copied as it is, and ``quantization_config`` is ``{"quant_method": "mxfp4",
   "modules_to_not_convert": [...]}`` as the published checkpoints spell it.
+* ``("mxfp4", "KimiK25ForConditionalGeneration")``: the layout of amd/Kimi-K2.5-MXFP4 (an :class:`ExpertsOnly`
+  layout): AMD Quark MXFP4 on the routed experts only, under the checkpoint's own names
+  (``language_model.model.layers.N.mlp.experts.E.gate_proj.weight`` uint8 ``[N, K/2]`` + ``.weight_scale`` e8m0
+  ``[N, K/32]``); the latent attention, the shared experts, the dense MLPs, the routers, the vision tower, the
+  merger and ``lm_head`` stay unquantized and are listed in ``exclude`` by their checkpoint names; activations are
+  declared MXFP4 (``input_tensors``, W4A4 as published for MI355), which ATOM runs weight-only where there is no
+  FP4 math.
 """
 
 from __future__ import annotations
@@ -78,11 +85,27 @@ GPT_OSS_MXFP4 = NativeLayout(
     {"quant_method": "mxfp4", "modules_to_not_convert": GPT_OSS_NOT_CONVERTED},
 )
 
+@dataclass(frozen=True)
+class ExpertsOnly:
+    """The scheme's generic tensors on the routed MoE experts only: every linear layer is copied as it is and listed
+    in the exclusions; ``config`` is merged (key by key) into the scheme's ``quantization_config``."""
+
+    name: str
+    config: dict[str, Any]
+
+
+# Quark's dynamic MXFP4 activations (``input_tensors``), as AMD's MI355 checkpoints declare them
+QUARK_MXFP4_ACTIVATIONS = {"dtype": "fp4", "qscheme": "per_group", "group_size": MX_GROUP, "ch_axis": -1,
+                           "scale_format": "e8m0", "is_dynamic": True, "symmetric": None}
+KIMI_K25_MXFP4 = ExpertsOnly("Kimi-K2.5 MXFP4 experts",
+                             {"global_quant_config": {"input_tensors": QUARK_MXFP4_ACTIVATIONS}})
+
 # (scheme, architecture) -> the layout that architecture's published checkpoints of that scheme use
-NATIVE_LAYOUTS: dict[tuple[str, str], NativeLayout] = {
+NATIVE_LAYOUTS: dict[tuple[str, str], NativeLayout | ExpertsOnly] = {
     ("mxfp4", "GptOssForCausalLM"): GPT_OSS_MXFP4,
+    ("mxfp4", "KimiK25ForConditionalGeneration"): KIMI_K25_MXFP4,
 }
 
 
-def native_layout(scheme: str, architecture: str) -> NativeLayout | None:
+def native_layout(scheme: str, architecture: str) -> NativeLayout | ExpertsOnly | None:
     return NATIVE_LAYOUTS.get((scheme, architecture))

@@ -21,7 +21,8 @@ Formats written, each readable by ATOM and, where the format allows, by vLLM / S
 
 An architecture whose published checkpoints have a layout of their own for a scheme gets that layout instead
 (:data:`atom_core.quant.native_layouts.NATIVE_LAYOUTS`): ``mxfp4`` on gpt-oss writes its MoE experts only, as
-``*_blocks`` / ``*_scales`` (``quant_method: mxfp4``), which transformers' and vLLM's own gpt-oss load.
+``*_blocks`` / ``*_scales`` (``quant_method: mxfp4``), which transformers' and vLLM's own gpt-oss load; ``mxfp4`` on
+Kimi-K2.5 writes Quark MXFP4 on the routed experts only, everything else excluded (amd/Kimi-K2.5-MXFP4).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from atom_core.layers.params import materialize
 from atom_core.loader import Checkpoint
 from atom_core.loader.checkpoint import INDEX_FILE
 from atom_core.quant.exclusions import layer_excluded
-from atom_core.quant.native_layouts import NativeLayout, native_layout
+from atom_core.quant.native_layouts import ExpertsOnly, NativeLayout, native_layout
 from atom_core.staging import check_destination, staged_dir
 
 logger = logging.getLogger(__name__)
@@ -197,9 +198,11 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
     native = native_layout(scheme, catalog.resolve(hf_config).name)
     if native is not None and exclude:
         raise UsageError(f"{native.name} is a fixed layout: --exclude applies to the generic schemes only")
-    if native is not None:
+    if isinstance(native, ExpertsOnly):
+        writer: _Writer = _SchemeWriter(scheme, device, hf_config, experts_only=native)
+    elif native is not None:
         native.check(hf_config)
-        writer: _Writer = _NativeWriter(native, device)
+        writer = _NativeWriter(native, device)
     else:
         writer = _SchemeWriter(scheme, device, hf_config, exclude)
     check_destination(out, overwrite)
@@ -258,13 +261,15 @@ class _SchemeWriter(_Writer):
     format can hold is encoded; what is left is listed in the config's exclusions.  Tensors are read through the
     model's ``checkpoint_tensors`` (stacked experts are written per expert)."""
 
-    def __init__(self, scheme: str, device: torch.device, hf_config: Any, exclude: Sequence[str] = ()):
+    def __init__(self, scheme: str, device: torch.device, hf_config: Any, exclude: Sequence[str] = (),
+                 experts_only: ExpertsOnly | None = None):
         self.encode, fits, experts_fit, self.make_config = SCHEMES[scheme]
         self.device = device
+        self.experts_only = experts_only
         layers, self.expert_layers, self.model = model_layers(hf_config)
         packed = self.model.packed_modules_mapping()
         self.excluded_layers = {prefix for prefix, layer in layers.items()
-                                if not fits(layer.checkpoint_shard_sizes(), layer.input_size)
+                                if experts_only or not fits(layer.checkpoint_shard_sizes(), layer.input_size)
                                 or layer_excluded(prefix, exclude, packed)}
         self.excluded_layers |= {prefix for prefix, layer in self.expert_layers.items()
                                  if experts_fit is None or not experts_fit(layer.hidden_size, layer.intermediate_size)}
@@ -291,10 +296,25 @@ class _SchemeWriter(_Writer):
         return tensors
 
     def quantization_config(self) -> dict[str, Any]:
-        return self.make_config(sorted(self.excluded), sorted(self.excluded & set(self.expert_layers)))
+        config = self.make_config(sorted(self.excluded), sorted(self.excluded & set(self.expert_layers)))
+        if self.experts_only is None:
+            return config
+        if not self.quantized:
+            raise UnsupportedQuantizationError(f"{self.experts_only.name}: the checkpoint holds no expert this layout "
+                                               "quantizes")
+        return _merged(config, self.experts_only.config)
 
     def summary(self) -> str:
-        return f"{len(self.excluded)} modules left unquantized"
+        layout = f"{self.experts_only.name}: " if self.experts_only else ""
+        return f"{layout}{len(self.excluded)} modules left unquantized"
+
+
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``extra``, nested dicts key by key."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _write_shards(checkpoint: Checkpoint, out: Path, writer: _Writer, desc: str) -> None:

@@ -47,15 +47,30 @@ def load_images(model_dir: str | Path, paths: Sequence[str | Path]) -> ImageInpu
     return ImageInputs(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
 
 
+# how vision configs spell the side of the patch block that merges into one language-model token
+MERGE_SIZE_FIELDS = ("spatial_merge_size", "merge_kernel_size")
+
+
+def spatial_merge_size(vision_config: Any) -> int:
+    """The side of the square patch block one placeholder token stands for (Qwen-VL's ``spatial_merge_size``,
+    Kimi-K2.5's ``merge_kernel_size``)."""
+    for name in MERGE_SIZE_FIELDS:
+        value = getattr(vision_config, name, None)
+        if value is not None:
+            return int(value[0] if isinstance(value, (list, tuple)) else value)
+    raise AttributeError(f"vision_config has none of {', '.join(MERGE_SIZE_FIELDS)}")
+
+
 def with_image_placeholders(hf_config: Any, text_ids: Sequence[int], image_grid_thw: torch.Tensor) -> list[int]:
     """``<vision_start> <image>×n <vision_end>`` for each image (``n`` = its merged patch count), then the text.
 
-    The Qwen-VL prompt layout; the ids come from the config (``image_token_id``, ``vision_start_token_id``,
-    ``vision_end_token_id``, ``vision_config.spatial_merge_size``).
+    The ids come from the config (``image_token_id``, ``vision_start_token_id``, ``vision_end_token_id``); ``n`` is
+    ``t·h·w / m²`` with ``m`` from :func:`spatial_merge_size`, as the Qwen-VL and Kimi-K2.5 processors expand an
+    image's placeholder.
     """
     try:
         start, end, image = hf_config.vision_start_token_id, hf_config.vision_end_token_id, hf_config.image_token_id
-        merge = hf_config.vision_config.spatial_merge_size
+        merge = spatial_merge_size(hf_config.vision_config)
     except AttributeError as err:
         raise UnsupportedConfigError(f"this model's config has no image placeholder tokens ({err})") from None
     ids: list[int] = []
