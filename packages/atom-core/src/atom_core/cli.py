@@ -176,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--quantization", default=None, choices=["ptpc-fp8", "fp8-block", "mxfp4"],
                      help="quantize an unquantized checkpoint's linear layers at load")
     gen.add_argument("--json", action="store_true", help='one {"token_ids", "logprobs"} object per prompt')
-    gen.add_argument("--cuda-graphs", action="store_true",
-                     help="replay decode steps from CUDA graphs captured per batch-size bucket")
+    gen.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                     help="replay decode steps from CUDA graphs captured per batch-size bucket (default: on a GPU)")
     gen.add_argument("--chat", action="store_true", help="each --prompt as a user turn through the chat template")
     gen.set_defaults(func=cmd_generate)
 

@@ -74,7 +74,7 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_positio
 class Runner:
     def __init__(self, model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  block_size: int = 16, tp: TensorParallel | None = None, quantization: str | None = None,
-                 cuda_graphs: bool = False):
+                 cuda_graphs: bool | None = None):
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
         self.dtype = dtype
@@ -88,7 +88,10 @@ class Runner:
         self.model.eval()
         self.eos_token_ids = _eos_ids(self.hf_config, self.model_dir)
         self.position_rows = self.model.position_rows  # 3: the model wants MRoPE positions
-        # decode steps replayed from CUDA graphs per batch bucket (on the CPU: the same padded steps, run eagerly)
+        # decode steps replayed from CUDA graphs per batch bucket: on by default on a GPU (captured, replayed and equal
+        # to eager there), off elsewhere; on the CPU, True runs the same padded steps eagerly (what the tests check)
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
         self.decode_graphs = DecodeGraphs(self.model, self.host, self.device, self.position_rows) if cuda_graphs else None
 
     # ------------------------------------------------------------------------------------- steps
