@@ -63,20 +63,19 @@ CONFIGS: dict[str, dict] = {
 }
 
 # On "lanes" weights (the default byte order on sm_90) by the largest token count each serves (None: any): the
-# fastest of an H200 sweep at N=K=8192 (µs with CONFIGS' entry -> this one).
+# fastest configuration of each range in the bench's sweep at N = K = 8192 (``python -m atom_kernels.bench mxfp4``;
+# up to 16 tokens only where the ring kernel does not run).
 LANES_CONFIGS: tuple[tuple[int | None, dict], ...] = (
-    (16, dict(block_n=64, block_m=16, block_k=256, split_k=4, group=1, num_warps=4, num_stages=3)),  # 18.8 / 19.8 (*)
-    (32, dict(block_n=64, block_m=32, block_k=256, split_k="auto", group=1, num_warps=4, num_stages=4)),  # 32.1 -> 22.9 us
-    (64, dict(block_n=128, block_m=64, block_k=256, split_k=2, group=1, num_warps=8, num_stages=3)),  # 31.1-32.6 -> 27.3-27.8
-    (128, dict(block_n=128, block_m=64, block_k=256, split_k=1, group=8, num_warps=8, num_stages=3)),  # 48.9 -> 45.8
-    (256, dict(block_n=128, block_m=128, block_k=256, split_k=1, group=8, num_warps=8, num_stages=3)),  # 91.5 -> 68.0
-    # 1024 tokens 327 -> 244 us, 4096 tokens 1135 -> 1007
+    (16, dict(block_n=64, block_m=16, block_k=256, split_k=4, group=1, num_warps=4, num_stages=3)),
+    (32, dict(block_n=64, block_m=32, block_k=256, split_k="auto", group=1, num_warps=4, num_stages=4)),
+    (64, dict(block_n=128, block_m=64, block_k=256, split_k=2, group=1, num_warps=8, num_stages=3)),
+    (128, dict(block_n=128, block_m=64, block_k=256, split_k=1, group=8, num_warps=8, num_stages=3)),
+    (256, dict(block_n=128, block_m=128, block_k=256, split_k=1, group=8, num_warps=8, num_stages=3)),
     (None, dict(block_n=256, block_m=128, block_k=128, split_k=1, group=8, num_warps=8, num_stages=3)),
-)  # (*) at 1 / 16 tokens (mma-lanes-sweep.json); used only where the ring kernel (16.3 / 17.9 us) does not run
+)
 
-# Decode-shape alternatives of the warpgroup-MMA kernel (each merged over CONFIGS["decode"]): its default
-# and the two best of the 2026-11-30 H200 sweep (31-34 us at N = K = 8192), kept as the baseline the
-# small-M kernel must beat.
+# Decode-shape alternatives of the warpgroup-MMA kernel (each merged over CONFIGS["decode"]): its default and the two
+# fastest of the bench's sweep at N = K = 8192, kept as the baseline the small-M kernel must beat.
 SWEEP: list[dict] = [
     dict(kernel="mma"),
     dict(kernel="mma", block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4),
