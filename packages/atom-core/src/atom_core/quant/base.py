@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from atom_core.errors import UnsupportedQuantizationError
+from atom_core.config_checks import config_file
+from atom_core.errors import CheckpointError, UnsupportedQuantizationError
 from atom_core.layers.params import make_param
 
 if TYPE_CHECKING:
@@ -77,6 +78,9 @@ def parse_quant_config(hf_config: Any, online: str | None = None,
     ``packed_modules``: the model's ``packed_modules_mapping`` (how exclusions reach fused layers)."""
     qcfg = getattr(hf_config, "quantization_config", None)
     if qcfg and not isinstance(qcfg, dict):
+        if not hasattr(qcfg, "to_dict"):
+            raise CheckpointError(f"{config_file(hf_config)}: quantization_config must be an object (with "
+                                  f"quant_method), got {qcfg!r}")
         qcfg = qcfg.to_dict()
     if online:
         if qcfg:
