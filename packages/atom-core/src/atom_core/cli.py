@@ -25,6 +25,7 @@ def _parse_ids(text: str) -> list[int]:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from atom_core.config import load_hf_config, text_config
+    from atom_core.env import check_environment
     from atom_core.errors import UsageError
     from atom_core.runtime.runner import Runner, check_prompts, resolve_device
     from atom_core.runtime.sampler import SamplingParams
@@ -33,6 +34,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed, ignore_eos=args.ignore_eos)
     device = resolve_device(args.device)
+    check_environment(device.type)  # the kernel backends asked for can run there
     text = text_config(load_hf_config(args.model))
     tokenizer = None
     if args.chat and args.prompt is None:

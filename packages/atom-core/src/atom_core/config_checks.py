@@ -50,7 +50,7 @@ def _text(hf_config: Any) -> tuple[Any, str]:
 
 def validate_config(hf_config: Any, *, host: Any = None, where: str | None = None) -> None:
     """Check the fields ATOM's models read from ``hf_config``; ``host``: the host the model is built for (its
-    ``max_positions``, when it has one, bounds the rotary tables)."""
+    ``max_positions``, when it has one, bounds the rotary tables; None: no model is built yet, so no table)."""
     where = where or config_file(hf_config)
     text, prefix = _text(hf_config)
 
@@ -130,7 +130,7 @@ def _check_vision(hf_config: Any, where: str) -> None:
 
 def _check_table(text: Any, host: Any, where: str, prefix: str) -> None:
     positions = text.max_position_embeddings
-    if getattr(host, "max_positions", None) is None and positions > MAX_TABLE_POSITIONS:
+    if host is not None and getattr(host, "max_positions", None) is None and positions > MAX_TABLE_POSITIONS:
         raise UnsupportedConfigError(
             f"{where}: {prefix}max_position_embeddings is {positions}; the rotary tables would cover that many "
             f"positions, and ATOM builds them for at most {MAX_TABLE_POSITIONS} (set max_position_embeddings to the "
