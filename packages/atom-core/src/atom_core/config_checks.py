@@ -21,7 +21,7 @@ OPTIONAL_SIZES = (
     "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size", "num_experts", "num_local_experts",
     "n_routed_experts", "num_experts_per_tok", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
     "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-    "linear_conv_kernel_dim", "sliding_window",
+    "linear_conv_kernel_dim",
 )
 VISION_SIZES = ("depth", "hidden_size", "num_heads", "patch_size", "spatial_merge_size", "temporal_patch_size",
                 "out_hidden_size", "num_position_embeddings")
@@ -65,6 +65,9 @@ def validate_config(hf_config: Any, *, host: Any = None, where: str | None = Non
         value = getattr(text, field, None)
         if value is not None and not _is_size(value):
             raise bad(field, value, "a positive integer (or absent)")
+    window = getattr(text, "sliding_window", None)
+    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 0):
+        raise bad("sliding_window", window, "an integer >= 0 (or absent)")
     heads, kv_heads = text.num_attention_heads, getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     if heads % kv_heads:
         raise CheckpointError(f"{where}: {prefix}num_attention_heads ({heads}) is not a multiple of "
