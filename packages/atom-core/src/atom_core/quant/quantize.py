@@ -323,7 +323,7 @@ def _write_shards(checkpoint: Checkpoint, out: Path, writer: _Writer, desc: str)
         pending[file].update(writer(source, lazy))
         remaining[file] -= 1
         if remaining[file] == 0:
-            target = inside(out, file, source=checkpoint.model_dir / INDEX_FILE, what="shard")
+            target = inside(out, file, what="shard")  # a name Checkpoint already checked; written only inside out
             target.parent.mkdir(parents=True, exist_ok=True)
             save_file(pending[file], str(target), metadata={"format": "pt"})
             weight_map.update({key: file for key in pending[file]})
