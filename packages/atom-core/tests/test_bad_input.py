@@ -25,6 +25,7 @@ from atom_core.runtime.runner import Runner
 
 ARCH = "Qwen3ForCausalLM"  # vocab 512, 512 positions, 2 layers
 GEN = ["--max-new-tokens", "2", "--dtype", "float32", "--device", "cpu"]
+QUANTIZE = ["--scheme", "ptpc-fp8", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +131,40 @@ def _hidden_heads(m):  # a Llama config (no head_dim): heads must divide the hid
     (m / "config.json").write_text(json.dumps(config))
 
 
+def _no_layers(m):  # no layer_types for transformers to compare with: ATOM's own check names the field
+    config = json.loads((m / "config.json").read_text())
+    config.pop("layer_types", None)
+    config["num_hidden_layers"] = 0
+    (m / "config.json").write_text(json.dumps(config))
+
+
+def _index(m, data):
+    (m / "model.safetensors.index.json").write_text(json.dumps(data))
+
+
 BROKEN = {
+    "quantization_config a string": (lambda m: edit_config(m, quantization_config="fp8"),
+                                     "/config.json: quantization_config must be a JSON object, got 'fp8'"),
+    "zero kv heads": (lambda m: edit_config(m, num_key_value_heads=0),
+                      "/config.json: num_key_value_heads must be a positive integer (or absent), got 0"),
+    "zero layers": (_no_layers, "/config.json: num_hidden_layers must be a positive integer, got 0"),
+    "zero vocabulary": (lambda m: edit_config(m, vocab_size=0), "/config.json: vocab_size must be a positive integer"),
+    "zero positions": (lambda m: edit_config(m, max_position_embeddings=0),
+                       "/config.json: max_position_embeddings must be a positive integer, got 0"),
+    "negative norm eps": (lambda m: edit_config(m, rms_norm_eps=-1.0), "/config.json: rms_norm_eps must be a finite"),
+    "model_type not a string": (lambda m: edit_config(m, model_type=["qwen3"]), "/config.json: model_type must be a string"),
+    "index a list": (lambda m: _index(m, [1, 2]), "model.safetensors.index.json holds a JSON list, not an object"),
+    "index weight_map a list": (lambda m: _index(m, {"weight_map": ["model.safetensors"]}),
+                                "model.safetensors.index.json: weight_map is a JSON list"),
+    "index file name a number": (lambda m: _index(m, {"weight_map": {"model.norm.weight": 5}}),
+                                 "model.safetensors.index.json: weight_map places model.norm.weight in 5"),
+    "generation_config not JSON": (lambda m: (m / "generation_config.json").write_text("{bad"),
+                                   "generation_config.json is not valid JSON"),
+    "generation_config a list": (lambda m: (m / "generation_config.json").write_text("[1]"),
+                                 "generation_config.json holds a JSON list, not an object"),
+    "eos_token_id a string": (lambda m: (m / "generation_config.json").write_text('{"eos_token_id": "</s>"}'),
+                              "generation_config.json: eos_token_id must be a token id or a list of them"),
+
     "int32 weight": (_int32, "model.layers.0.mlp.down_proj.weight is int32, expected float16"),
     "fp8 without quantization_config": (_fp8_no_config, "float8_e4m3fn, expected float16 / bfloat16 / float32"),
     "truncated file": (_truncate, "model.safetensors: not a readable safetensors file: truncated at byte"),
@@ -199,6 +233,16 @@ def test_missing_dir_and_unknown_architecture(base, tmp_path, capsys):
                  "FooForCausalLM", "supported: ")
 
 
+@pytest.mark.parametrize("file,args,message", [
+    ("tokenizer.json", ["--prompt", "hi"], "tokenizer.json is not a tokenizer file the tokenizers library can read"),
+    ("tokenizer_config.json", ["--prompt", "hi", "--chat"], "transformers cannot load its tokenizer (for --chat)"),
+])
+def test_unreadable_tokenizer_files(base, tmp_path, capsys, file, args, message):
+    model = Path(shutil.copytree(base, tmp_path / "m"))
+    (model / file).write_text("{not json")
+    assert_error(capsys, ["generate", "--model", model, *args, *GEN], 3, str(model), message)
+
+
 # ------------------------------------------------------------------------------ bad arguments
 @pytest.fixture
 def no_model_built(monkeypatch):
@@ -230,6 +274,27 @@ def test_bad_arguments_fail_before_the_model_is_built(base, capsys, no_model_bui
     if "--device" not in args:
         argv += ["--device", "cpu"]
     assert_error(capsys, argv, code, message)
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"ATOM_KERNEL_BACKEND": "bogus"}, "ATOM_KERNEL_BACKEND='bogus' names unknown backend 'bogus'"),
+    ({"ATOM_KERNEL_BACKEND": "rms_norm=bogus"}, "names unknown backend 'bogus'"),
+    ({"ATOM_KERNEL_BACKEND": "rms_nrom=reference"}, "names unknown op 'rms_nrom' (did you mean 'rms_norm'?); ops: "),
+    ({"ATOM_KERNEL_BACKEND": "=triton"}, "'=triton' is not op=backend"),
+    ({"ATOM_KERNEL_BACKEND": "rms_norm_gated=aiter"}, "op 'rms_norm_gated' has no 'aiter' backend"),
+    ({"ATOM_KERNEL_BACKEND": "aiter"}, "asks for 'aiter' on cpu: aiter runs only on GPU tensors"),  # at model build
+    ({"ATOM_AITER_MXFP4_A4W4": "2"}, "ATOM_AITER_MXFP4_A4W4='2' is not a switch value"),
+    ({"ATOM_DISABLE_VLLM_PLUGIN": "maybe"}, "ATOM_DISABLE_VLLM_PLUGIN='maybe' is not a switch value"),
+    ({"ATOM_MXFP4_LAYOUT": "cols"}, "ATOM_MXFP4_LAYOUT='cols': expected one of auto, rows"),
+])
+def test_bad_switches_fail_at_start(base, capsys, monkeypatch, no_model_built, env, message):
+    """Every ATOM_* switch is checked before anything is loaded: a bad kernel backend was "a bug in ATOM" after the
+    model had loaded, a misspelt op name was silently ignored."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert_error(capsys, ["generate", "--model", base, "--prompt-token-ids", "1", *GEN], 2, message)
+    if "on cpu" not in message:  # the device is known once a command picks it: `atom env` names none
+        assert_error(capsys, ["env"], 2, message)
 
 
 def test_debug_shows_the_traceback(base, capsys, monkeypatch):
@@ -282,7 +347,7 @@ def test_overwrite_replaces_only_checkpoints(tmp_path, capsys):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "todo.txt").write_text("keep me")
-    assert_error(capsys, ["make-tiny", ARCH, notes, "--overwrite"], 2, "holds no checkpoint")
+    assert_error(capsys, ["make-tiny", ARCH, notes, "--overwrite"], 2, "was not written by ATOM")
     assert (notes / "todo.txt").read_text() == "keep me"
 
 
@@ -330,6 +395,85 @@ def test_quantize_killed_halfway_leaves_the_old_directory(sharded, tmp_path, cap
     assert rc == 70 and "RuntimeError: killed mid-write" in err and written
     assert (snapshot(out) == before) if overwrite else not out.exists()
     assert not siblings(out)
+
+
+@pytest.mark.parametrize("command", ["quantize", "make-tiny"])
+def test_out_below_a_file(base, tmp_path, capsys, command):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "sub"
+    argv = (["quantize", "--model", base, "--out", out, *QUANTIZE] if command == "quantize" else ["make-tiny", ARCH, out])
+    assert_error(capsys, argv, 2, f"cannot write {out}: {tmp_path / 'file'} is a file, not a directory")
+    assert (tmp_path / "file").read_text() == "x"
+
+
+@pytest.mark.parametrize("size", ["lots", "-5", "0"])
+def test_bad_max_shard_size(tmp_path, capsys, size):
+    assert_error(capsys, ["make-tiny", ARCH, tmp_path / "t", "--max-shard-size", size], 2,
+                 f"--max-shard-size {size!r} is not a size")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("failure", ["OSError", "SafetensorError"])
+def test_disk_full_while_quantizing(sharded, occupied, capsys, monkeypatch, failure):
+    """A full disk halfway: one line naming the output and the cause; the old checkpoint there stays whole."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    import atom_core.quant.quantize as quantize
+
+    out, before = occupied
+    real_save, written = quantize.save_file, []
+
+    def save_then_fill(tensors, path, **kwargs):
+        if written:
+            if failure == "OSError":
+                raise OSError(errno.ENOSPC, "No space left on device", path)
+            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                                  '"No space left on device" })')
+        real_save(tensors, path, **kwargs)
+        written.append(path)
+
+    monkeypatch.setattr(quantize, "save_file", save_then_fill)
+    argv = ["quantize", "--model", sharded, "--out", out, *QUANTIZE, "--overwrite"]
+    assert_error(capsys, argv, 1, f"writing {out} failed, nothing was changed there", "No space left on device")
+    assert snapshot(out) == before and not siblings(out)
+
+
+def test_ctrl_c_while_quantizing(sharded, occupied, capsys, monkeypatch):
+    """Ctrl-C halfway through ``atom quantize``: one line, exit 130, the old checkpoint whole, no partial copy."""
+    import atom_core.quant.quantize as quantize
+
+    out, before = occupied
+    real_save, written = quantize.save_file, []
+
+    def save_then_interrupt(tensors, path, **kwargs):
+        if written:
+            raise KeyboardInterrupt
+        real_save(tensors, path, **kwargs)
+        written.append(path)
+
+    monkeypatch.setattr(quantize, "save_file", save_then_interrupt)
+    rc, err = atom(capsys, "quantize", "--model", sharded, "--out", out, *QUANTIZE, "--overwrite")
+    assert rc == 130 and "Traceback" not in err and err.strip().splitlines()[-1].startswith("atom quantize: interrupted")
+    assert snapshot(out) == before and not siblings(out)
+
+
+def test_mxfp4_without_triton(base, tmp_path, capsys, monkeypatch):
+    """The README's install lines bring no Triton: an MXFP4 checkpoint runs through the reference kernels (it was
+    a ModuleNotFoundError)."""
+    from atom_kernels import dispatch
+
+    out = quantize_checkpoint(base, tmp_path / "mx", "mxfp4")
+    monkeypatch.setitem(sys.modules, "triton", None)
+    for name in [m for m in sys.modules if m.startswith("atom_kernels.ops.mxfp4_mm.") and m.endswith(("planner", "triton"))]:
+        monkeypatch.delitem(sys.modules, name)
+    dispatch._triton_present.cache_clear()
+    try:
+        rc, err = atom(capsys, "generate", "--model", out, "--prompt-token-ids", "1,2", *GEN)
+    finally:
+        dispatch._triton_present.cache_clear()
+    assert rc == 0, err
 
 
 def test_make_tiny_failing_mid_write_leaves_the_old_directory(occupied, capsys, monkeypatch):

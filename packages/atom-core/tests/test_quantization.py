@@ -23,7 +23,7 @@ from parity import PROMPTS, reference_logits
 from quant_helpers import LINEARS, dequantized_weight, logit_metrics, read_tensors, reference_with_quantized_weights
 from quant_helpers import rewrite_checkpoint as _rewrite
 
-from atom_core.errors import CheckpointError, UnsupportedQuantizationError
+from atom_core.errors import CheckpointError, UnsupportedQuantizationError, UsageError
 from atom_core.quant.exclusions import matches
 from atom_core.quant.quantize import quantize_checkpoint
 from atom_core.runtime.runner import Runner
@@ -310,7 +310,7 @@ def test_mxfp4_layers_adopt_the_lanes_layout(quantized, monkeypatch):
     monkeypatch.setenv("ATOM_MXFP4_LAYOUT", "rows")
     assert not any(getattr(m, "weight_layout", "rows") == "lanes" for m in Runner(out).model.modules())
     monkeypatch.setenv("ATOM_MXFP4_LAYOUT", "lanes")
-    with pytest.raises(UnsupportedQuantizationError, match="ATOM_MXFP4_LAYOUT"):
+    with pytest.raises(UsageError, match="ATOM_MXFP4_LAYOUT='lanes'"):  # checked before the model is built
         Runner(out)
     monkeypatch.delenv("ATOM_MXFP4_LAYOUT")
     lanes = Runner(out)

@@ -52,3 +52,38 @@ def test_precondition_failure_falls_back_to_reference(monkeypatch):
 def test_describe_lists_every_op():
     table = dispatch.describe("cpu")
     assert set(table) >= {"rms_norm", "silu_and_mul", "rotary_embedding"}
+
+
+def test_misspelt_op_names_are_errors():
+    """An op name that is not a registered op is an error naming the valid ones, never silently ignored."""
+    with pytest.raises(ValueError, match=r"unknown op 'rms_nrom' \(did you mean 'rms_norm'\?\); ops: .*silu_and_mul"):
+        parse_override("rms_nrom=reference", dispatch.OPS)
+    with pytest.raises(ValueError, match="unknown op 'rms_nrom'"):
+        candidate_backends(dispatch.OPS["rms_norm"], "cpu", "rms_nrom=reference")
+    with pytest.raises(ValueError, match="'rms_norm=' is not op=backend"):
+        parse_override("rms_norm=")
+
+
+def test_check_override_up_front(monkeypatch):
+    dispatch.check_override(None)
+    dispatch.check_override("reference,rms_norm=triton")
+    with pytest.raises(ValueError, match="op 'rms_norm_gated' has no 'aiter' backend"):
+        dispatch.check_override("rms_norm_gated=aiter")
+    with pytest.raises(ValueError, match="asks for 'aiter' on cpu"):
+        dispatch.check_override("aiter", "cpu")
+    dispatch.check_override("aiter")  # no device named: availability is not checked
+
+
+def test_mxfp4_layout_without_triton(monkeypatch):
+    """Without Triton only the reference runs, and it reads the checkpoint's rows (no import of Triton)."""
+    import sys
+
+    from atom_kernels.ops.mxfp4_mm import preferred_layout
+
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.delitem(sys.modules, "atom_kernels.ops.mxfp4_mm.planner", raising=False)
+    dispatch._triton_present.cache_clear()
+    try:
+        assert preferred_layout(256, 256, torch.device("cpu")) == "rows"
+    finally:
+        dispatch._triton_present.cache_clear()

@@ -171,13 +171,17 @@ BAD_CHECKPOINTS = {  # how to break a tiny checkpoint -> what ATOM's one-line er
     "int32 weight": "checkpoint tensor model.layers.0.mlp.down_proj.weight is int32, expected",
     "truncated shard": "model.safetensors: not a readable safetensors file: truncated at byte",
     "garbage header length": "model.safetensors: not a readable safetensors file: the header length at byte 0 says",
+    # SGLang's own class would tie and drop lm_head.weight; transformers keeps it: ATOM refuses, saying why
+    "tied config, different lm_head": "sets tie_word_embeddings, but the checkpoint's lm_head.weight differs from",
 }
+FILE_CASES = ("truncated shard", "garbage header length")
 
 
 @pytest.mark.parametrize("case", BAD_CHECKPOINTS)
 def test_bad_checkpoint_fails_with_atoms_message(case, cpu_runtime, tiny_checkpoints, tmp_path):
     """A checkpoint ATOM's loader refuses fails under SGLang's loader with ATOM's one-line CheckpointError naming
     the tensor and the dtypes, or the file SGLang's own safetensors reader could not open, not a host traceback."""
+    import json
     import shutil
     from pathlib import Path
 
@@ -188,7 +192,10 @@ def test_bad_checkpoint_fails_with_atoms_message(case, cpu_runtime, tiny_checkpo
     model = Path(shutil.copytree(tiny_checkpoints["Qwen3ForCausalLM"], tmp_path / "bad"))
     (shard,) = model.glob("*.safetensors")
     data = shard.read_bytes()
-    if case == "int32 weight":
+    if case == "tied config, different lm_head":  # the tiny checkpoint is untied: its lm_head.weight is its own
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    elif case == "int32 weight":
         tensors = load_file(str(shard))
         name = "model.layers.0.mlp.down_proj.weight"
         tensors[name] = tensors[name].to(torch.int32)
@@ -201,5 +208,5 @@ def test_bad_checkpoint_fails_with_atoms_message(case, cpu_runtime, tiny_checkpo
         load_with_sglang(str(model))
     message = str(raised.value)
     assert BAD_CHECKPOINTS[case] in message and "\n" not in message, message
-    if case != "int32 weight":
+    if case in FILE_CASES:
         assert message.startswith(f"{shard}: "), message

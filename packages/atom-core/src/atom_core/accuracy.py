@@ -41,7 +41,7 @@ def token_logprobs(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
 def reference_logprobs(model_dir: Path, prompts: list[list[int]], device: str, dtype: torch.dtype) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, trust_remote_code=False).to(device).eval()
     out = torch.cat([token_logprobs(hf(torch.tensor([p], device=device)).logits[0], p) for p in prompts])
     del hf
     return out
@@ -83,7 +83,7 @@ def random_prompts(model_dir: Path, count: int, length: int, seed: int = 0) -> l
 def text_prompts(model_dir: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     return [tokenizer.encode(t) for t in TEXTS]
 
 

@@ -198,7 +198,7 @@ def text_prompts(model_dir: Path) -> list[list[int]]:
     """``TEXT_PROMPTS`` as the tokenizer of the checkpoint in ``model_dir`` encodes them."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     return [tokenizer(p)["input_ids"] for p in TEXT_PROMPTS]
 
 
@@ -266,7 +266,7 @@ def run(arch: str, layers: int, batch: int, prompt_len: int, decode_tokens: int,
                                  decode_tokens, device, reps, SamplingParams)
                 for impl, graphs in (("atom-native", False), ("atom-native-graphs", True))}
 
-        hf = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dtype).to(device).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dtype, trust_remote_code=False).to(device).eval()
         ids = prompts.to(device)
 
         @torch.inference_mode()

@@ -25,6 +25,7 @@ def _parse_ids(text: str) -> list[int]:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from atom_core.config import load_hf_config, text_config
+    from atom_core.env import check_environment
     from atom_core.errors import UsageError
     from atom_core.runtime.runner import Runner, check_prompts, resolve_device
     from atom_core.runtime.sampler import SamplingParams
@@ -33,6 +34,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed, ignore_eos=args.ignore_eos)
     device = resolve_device(args.device)
+    check_environment(device.type)  # the kernel backends asked for can run there
     text = text_config(load_hf_config(args.model))
     tokenizer = None
     if args.chat and args.prompt is None:
@@ -73,25 +75,40 @@ def _image_prompts(runner, paths: list[str], prompts: list[list[int]]):
 def _tokenizer(model_dir: Path):
     from tokenizers import Tokenizer
 
-    from atom_core.errors import UsageError
+    from atom_core.errors import CheckpointError, UsageError
+    from atom_core.paths import inside
 
-    path = model_dir / "tokenizer.json"
+    path = inside(model_dir, "tokenizer.json")
     if not path.is_file():
         raise UsageError(f"{model_dir} has no tokenizer.json; pass --prompt-token-ids instead of --prompt")
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises its own plain Exception for a file it cannot parse
+        raise CheckpointError(f"{path} is not a tokenizer file the tokenizers library can read: "
+                              f"{' '.join(str(err).split())}") from None
 
 
 def _chat_texts(model_dir: Path, prompts: list[str]) -> list[str]:
-    """Each prompt as one user turn through the checkpoint's chat template (rendered by transformers' tokenizer)."""
+    """Each prompt as one user turn through the checkpoint's chat template (rendered by transformers' tokenizer,
+    which never runs checkpoint code and reads only files inside the checkpoint)."""
     from transformers import AutoTokenizer
 
-    from atom_core.errors import UsageError
+    from atom_core.errors import CheckpointError, UsageError
+    from atom_core.paths import check_links
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    check_links(model_dir)  # transformers opens files of its choosing in the directory
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    except Exception as err:  # what transformers raises for tokenizer files it cannot read varies
+        raise CheckpointError(f"{model_dir}: transformers cannot load its tokenizer (for --chat): "
+                              f"{' '.join(str(err).split())}") from err
     if not tokenizer.chat_template:
         raise UsageError(f"{model_dir} has no chat template (--chat)")
-    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-            for p in prompts]
+    try:
+        return [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                              tokenize=False) for p in prompts]
+    except Exception as err:  # a template that does not render (jinja's errors, the template's own raise_exception)
+        raise CheckpointError(f"{model_dir}: its chat template does not render: {' '.join(str(err).split())}") from err
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -220,21 +237,31 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command.  This is the one place errors become what the user sees: an :class:`AtomError` a
     one-line ``atom CMD: error: ...`` and its kind's exit code (``atom_core.errors``); anything else a bug,
-    reported with its traceback (exit 70).  ``--debug`` / ``ATOM_DEBUG=1`` add the traceback to the former."""
-    from atom_core.env import env_flag
-    from atom_core.errors import EXIT_INTERNAL, AtomError
+    reported with its traceback (exit 70); Ctrl-C one line and exit 130.  ``--debug`` / ``ATOM_DEBUG=1`` add the
+    traceback to the former.  ATOM's environment switches are checked first (:func:`atom_core.env.check_environment`);
+    a kernel backend no op can use here (``atom_kernels``' ``BackendUnavailable``) is reported like an unsupported
+    input (exit 4)."""
+    from atom_core.env import check_environment, env_flag
+    from atom_core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_UNSUPPORTED, AtomError
+    from atom_kernels.dispatch import BackendUnavailable
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     debug = args.debug
     try:
         debug = debug or env_flag(DEBUG_ENV)
+        check_environment()
         return args.func(args)
-    except AtomError as err:
+    except (AtomError, BackendUnavailable) as err:
         if debug:
             traceback.print_exc()
         print(f"atom {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return err.exit_code
+        return getattr(err, "exit_code", EXIT_UNSUPPORTED)
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print(f"atom {args.command}: interrupted (an output directory is left as it was)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception:
         traceback.print_exc()
         print(f"atom {args.command}: internal error (a bug in ATOM: the traceback above says where)", file=sys.stderr)

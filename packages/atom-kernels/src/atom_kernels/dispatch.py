@@ -7,8 +7,9 @@ reached through torch, e.g. cuBLASLt's ``torch._scaled_mm``; GPU tensors only; o
 
 ``ATOM_KERNEL_BACKEND`` overrides the choice: either one backend for every op (``triton``) or a
 comma-separated list of ``op=backend`` pairs (``rms_norm=reference,silu_and_mul=triton``), optionally
-with a default first (``triton,rms_norm=reference``).  A backend that is asked for but cannot run is a
-clear error, never a silent substitute.
+with a default first (``triton,rms_norm=reference``).  A backend that is asked for but cannot run, an
+unknown backend and an op name that is not a registered op are clear errors, never a silent substitute
+(:func:`check_override` checks a value up front; ``atom_core.env.check_environment`` runs it at start).
 
 Each backend module of an op exposes the op's function under the op's name and, optionally,
 ``unsupported(*args, **kwargs) -> str | None``: a pure precondition check.  When it returns a reason the
@@ -17,12 +18,13 @@ dispatcher moves on to the next backend in the order (fast paths fall back, they
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.util
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,16 @@ def _triton_present() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+# Values that turn a boolean switch on: atom_core.env's rule (which atom_core checks every ATOM_* switch with at
+# start; atom_kernels cannot import it).  A test keeps the two sets equal.
+SWITCH_ON = frozenset({"1", "true", "yes", "on"})
+
+
+def switch_on(name: str) -> bool:
+    """Whether the boolean switch ``name`` is on (``1/true/yes/on``, case and spaces ignored)."""
+    return os.environ.get(name, "").strip().lower() in SWITCH_ON
+
+
 def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -75,8 +87,10 @@ def backend_unavailable_reason(backend: str, device_type: str) -> str | None:
     return f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}"
 
 
-def parse_override(value: str | None) -> tuple[str | None, dict[str, str]]:
-    """``"triton,rms_norm=reference"`` -> (``"triton"``, ``{"rms_norm": "reference"}``)."""
+def parse_override(value: str | None, ops: Iterable[str] | None = None) -> tuple[str | None, dict[str, str]]:
+    """``"triton,rms_norm=reference"`` -> (``"triton"``, ``{"rms_norm": "reference"}``).  A ``ValueError`` naming
+    :data:`ENV_OVERRIDE` for an unknown backend, a malformed item, or (given ``ops``, the known op names) an op
+    name that is not one of them (a misspelt op is an error, never silently ignored)."""
     default: str | None = None
     per_op: dict[str, str] = {}
     for item in (value or "").split(","):
@@ -85,6 +99,8 @@ def parse_override(value: str | None) -> tuple[str | None, dict[str, str]]:
             continue
         if "=" in item:
             op, backend = (part.strip() for part in item.split("=", 1))
+            if not op or not backend:
+                raise ValueError(f"{ENV_OVERRIDE}={value!r}: {item!r} is not op=backend")
             per_op[op] = backend
         else:
             default = item
@@ -93,12 +109,37 @@ def parse_override(value: str | None) -> tuple[str | None, dict[str, str]]:
             raise ValueError(
                 f"{ENV_OVERRIDE}={value!r} names unknown backend {backend!r}; known: {', '.join(BACKENDS)}"
             )
+    if ops is not None:
+        known = sorted(ops)
+        for op in per_op:
+            if op not in known:
+                close = difflib.get_close_matches(op, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"{ENV_OVERRIDE}={value!r} names unknown op {op!r}{hint}; ops: {', '.join(known)}")
     return default, per_op
+
+
+def check_override(value: str | None, device_type: str | None = None) -> None:
+    """Everything :func:`parse_override` checks against the registered ops, and that each op named with a
+    backend has it; with ``device_type`` (``"cpu"``/``"cuda"``), that every backend asked for can run there.
+    A ``ValueError`` naming :data:`ENV_OVERRIDE` otherwise: run where a program starts, so a bad value is
+    reported before any model is built."""
+    default, per_op = parse_override(value, OPS)
+    for name, backend in per_op.items():
+        if backend not in OPS[name].backends:
+            raise ValueError(f"{ENV_OVERRIDE}={value!r}: op {name!r} has no {backend!r} backend "
+                             f"(it has {', '.join(OPS[name].backends)})")
+    if device_type not in ("cpu", "cuda"):
+        return
+    for backend in dict.fromkeys(b for b in (default, *per_op.values()) if b is not None):
+        reason = backend_unavailable_reason(backend, device_type)
+        if reason is not None:
+            raise ValueError(f"{ENV_OVERRIDE}={value!r} asks for {backend!r} on {device_type}: {reason}")
 
 
 def candidate_backends(op: Op, device_type: str, override: str | None) -> tuple[str, ...]:
     """The backends to try, in order, for ``op`` on ``device_type`` under the given override."""
-    default, per_op = parse_override(override)
+    default, per_op = parse_override(override, OPS)
     forced = per_op.get(op.name, default)
     if forced is not None:
         if forced not in op.backends:

@@ -243,7 +243,8 @@ def reference_scores(model_dir: Path, prompts: list[list[int]], agreement: dict[
 
     # straight onto the GPU (device_map; the GPU machine has accelerate): a real-shape float32 copy is tens of GB
     placement = {"device_map": device} if device != "cpu" else {}
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **placement).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, trust_remote_code=False,
+                                                 **placement).eval()
     scores = {}
     with torch.inference_mode():
         for impl, outputs in agreement.items():

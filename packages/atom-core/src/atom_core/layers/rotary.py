@@ -101,28 +101,51 @@ def cos_sin_cache(inv_freq: torch.Tensor, max_position: int, scaling: float = 1.
 _CACHES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def shared_cos_sin_cache(rope: dict[str, Any], rotary_dim: int, max_position: int, device: torch.device) -> torch.Tensor:
-    """One cos/sin cache per (rope settings, rotary_dim, max_position, device), shared by every layer
-    that asks for it (a 262k-position cache is 128 MiB; one per layer would waste GiBs)."""
-    key = (json.dumps(rope, sort_keys=True, default=str), rotary_dim, max_position, str(device))
+def shared_cos_sin_cache(rope: dict[str, Any], rotary_dim: int, max_position: int, device: torch.device,
+                         length: int | None = None) -> torch.Tensor:
+    """One cos/sin cache of ``length`` positions (default ``max_position``) per (rope settings, rotary_dim,
+    max_position, length, device), shared by every layer that asks for it (a 262k-position cache is 128 MiB; one
+    per layer would waste GiBs).  ``max_position`` is the config's ``max_position_embeddings`` (YaRN's default
+    factor reads it); ``length`` how many positions the table covers."""
+    length = max_position if length is None else length
+    key = (json.dumps(rope, sort_keys=True, default=str), rotary_dim, max_position, length, str(device))
     cache = _CACHES.get(key)
     if cache is None:
         with torch.device("cpu"):  # computed on the CPU as transformers does, then moved
             inv_freq, scaling = inv_freq_and_scaling(rope, rotary_dim, max_position)
-            cache = cos_sin_cache(inv_freq, max_position, scaling).to(device)
+            cache = cos_sin_cache(inv_freq, length, scaling).to(device)
         _CACHES[key] = cache
     return cache
 
 
-class RotaryEmbedding(nn.Module):
-    """Rotates q and k in place by their positions (NeoX halves or GPT-J pairs; partial rotary)."""
+def table_length(host: Any, max_position: int) -> int:
+    """How many positions a model's rotary tables cover when built for ``host``: the host's ``max_positions`` (the
+    longest sequence it will run now: the native runner grows it, :func:`grow_position_tables`) when it has one,
+    else ``max_position`` (the config's ``max_position_embeddings``)."""
+    bound = getattr(host, "max_positions", None)
+    return max_position if bound is None else min(max_position, bound)
 
-    def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any], *, is_neox: bool = True):
+
+def grow_position_tables(model: nn.Module, length: int) -> None:
+    """Rebuild every rotary table of ``model`` shorter than ``length`` positions to cover ``length``."""
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding) and module.cos_sin_cache.shape[0] < length:
+            module.cos_sin_cache = shared_cos_sin_cache(module.rope, module.rotary_dim, module.max_position,
+                                                        module.cos_sin_cache.device, length)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates q and k in place by their positions (NeoX halves or GPT-J pairs; partial rotary).  Its cos/sin
+    table covers ``length`` positions (default ``max_position``; :func:`table_length`)."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any], *, is_neox: bool = True,
+                 length: int | None = None):
         super().__init__()
         self.head_size = head_size
         self.rotary_dim = rotary_dim
         self.is_neox = is_neox
-        cache = shared_cos_sin_cache(rope, rotary_dim, max_position, torch.get_default_device())
+        self.rope, self.max_position = rope, max_position
+        cache = shared_cos_sin_cache(rope, rotary_dim, max_position, torch.get_default_device(), length)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None,
@@ -155,8 +178,9 @@ class MRotaryEmbedding(RotaryEmbedding):
     ``mrope_interleaved`` (Qwen3-VL, Qwen3.5).  ``forward`` optionally fuses the per-head q/k RMSNorm that
     precedes the rotation into the same kernel."""
 
-    def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any]):
-        super().__init__(head_size, rotary_dim, max_position, rope, is_neox=True)
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any], *,
+                 length: int | None = None):
+        super().__init__(head_size, rotary_dim, max_position, rope, is_neox=True, length=length)
         self.mrope_section = tuple(int(s) for s in rope["mrope_section"])
         self.interleaved = bool(rope.get("mrope_interleaved", False))
         if sum(self.mrope_section) * 2 != rotary_dim:
@@ -176,9 +200,10 @@ class MRotaryEmbedding(RotaryEmbedding):
 
 
 def get_rope(head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any], *,
-             is_neox: bool = True) -> RotaryEmbedding:
+             is_neox: bool = True, length: int | None = None) -> RotaryEmbedding:
     """The rotary embedding a config asks for: :class:`MRotaryEmbedding` when its rope parameters carry an
-    ``mrope_section``, else :class:`RotaryEmbedding`."""
+    ``mrope_section``, else :class:`RotaryEmbedding`; its table covers ``length`` positions (default
+    ``max_position``)."""
     if rope.get("mrope_section"):
-        return MRotaryEmbedding(head_size, rotary_dim, max_position, rope)
-    return RotaryEmbedding(head_size, rotary_dim, max_position, rope, is_neox=is_neox)
+        return MRotaryEmbedding(head_size, rotary_dim, max_position, rope, length=length)
+    return RotaryEmbedding(head_size, rotary_dim, max_position, rope, is_neox=is_neox, length=length)

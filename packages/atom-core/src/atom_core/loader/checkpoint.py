@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from atom_core.errors import CheckpointError
+from atom_core.paths import escapes, inside
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ def unreadable_file_error(checkpoint_dir: str | Path | None, err: Exception) -> 
     the local cache) that :func:`open_safetensors` refuses; ``err`` in one line when none is found."""
     local = _local_dir(checkpoint_dir)
     for file in sorted(local.glob("*.safetensors")) if local is not None else ():
+        if escapes(local, file) is not None:  # a link out of the checkpoint: not ATOM's to open
+            continue
         try:
             with open_safetensors(file):
                 pass
@@ -166,37 +169,38 @@ class Checkpoint:
         self.weight_map = self._weight_map()
 
     def _weight_map(self) -> dict[str, str]:
-        index = self.model_dir / INDEX_FILE
+        index = inside(self.model_dir, INDEX_FILE)
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text(), object_pairs_hook=_unique_keys(index)).get("weight_map")
-            except json.JSONDecodeError as err:
-                raise CheckpointError(f"{index} is not valid JSON: {err}") from None
-            if not weight_map:
-                raise CheckpointError(f"{index} has no weight_map")
+            weight_map = _index_weight_map(index)
             missing: dict[str, list[str]] = {}
             for name, file in weight_map.items():
-                if not (self.model_dir / file).is_file():
+                if not inside(self.model_dir, file, source=index, what="shard").is_file():
                     missing.setdefault(file, []).append(name)
             if missing:
                 detail = "; ".join(f"{file} (holds {len(names)} tensors, e.g. {names[0]})" for file, names in missing.items())
                 raise CheckpointError(f"checkpoint {self.model_dir} is missing shard(s): {detail}")
-            return dict(weight_map)
+            return weight_map
         single = self.model_dir / SINGLE_FILE
         if single.is_file():
-            with open_safetensors(single) as handle:
+            with open_safetensors(self.path(SINGLE_FILE)) as handle:
                 return {name: SINGLE_FILE for name in handle.keys()}
         others = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
         if others:
             weight_map: dict[str, str] = {}
             for file in others:
-                with open_safetensors(self.model_dir / file) as handle:
+                with open_safetensors(self.path(file)) as handle:
                     for name in handle.keys():
                         if name in weight_map:
                             raise CheckpointError(f"{self.model_dir}: tensor {name} is in both {weight_map[name]} and {file}")
                         weight_map[name] = file
             return weight_map
         raise CheckpointError(f"{self.model_dir} holds no safetensors weights ({SINGLE_FILE} or {INDEX_FILE})")
+
+    def path(self, file: str) -> Path:
+        """The path of the checkpoint file ``file`` (a name from the index or the directory), checked to stay
+        inside the checkpoint (:func:`atom_core.paths.inside`)."""
+        source = self.model_dir / INDEX_FILE if (self.model_dir / INDEX_FILE).is_file() else None
+        return inside(self.model_dir, file, source=source, what="shard")
 
     @property
     def files(self) -> list[str]:
@@ -214,7 +218,7 @@ class Checkpoint:
         bar = tqdm(total=len(self.weight_map), desc="loading weights", unit="tensor", disable=not show)
         try:
             for file in sorted(by_file):
-                with open_safetensors(self.model_dir / file) as handle:
+                with open_safetensors(self.path(file)) as handle:
                     present = set(handle.keys())
                     elsewhere = sorted(name for name in present if self.weight_map.get(name, file) != file)
                     if elsewhere:
@@ -231,6 +235,26 @@ class Checkpoint:
                         bar.update(1)
         finally:
             bar.close()
+
+
+def _index_weight_map(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of an index file: a JSON object whose ``weight_map`` maps tensor names to file names."""
+    try:
+        data = json.loads(index.read_text(), object_pairs_hook=_unique_keys(index))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{index} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{index} holds a JSON {type(data).__name__}, not an object with a weight_map")
+    weight_map = data.get("weight_map")
+    if not weight_map:
+        raise CheckpointError(f"{index} has no weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: weight_map is a JSON {type(weight_map).__name__}, not an object of "
+                              "tensor name -> file name")
+    bad = next(((name, file) for name, file in weight_map.items() if not isinstance(file, str)), None)
+    if bad is not None:
+        raise CheckpointError(f"{index}: weight_map places {bad[0]} in {bad[1]!r}, which is not a file name")
+    return dict(weight_map)
 
 
 def _unique_keys(path: Path):

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from atom_core.config_checks import config_file
 from atom_core.errors import CheckpointError
 from atom_core.layers.params import default_weight_loader
 from atom_core.loader.checkpoint import host_tensors
@@ -56,7 +57,11 @@ def load_weights(
     params = dict(model.named_parameters())
     written: dict[str, set] = {}
     unconsumed: list[str] = []
+    tied_copies: list[tuple[str, Any]] = []
     for checkpoint_name, tensor in host_tensors(weights, getattr(model, "checkpoint_dir", None)):
+        if mapper.is_tied(checkpoint_name):
+            tied_copies.append((checkpoint_name, tensor))
+            continue
         targets = mapper.map(checkpoint_name)
         if targets is None:
             continue
@@ -74,6 +79,8 @@ def load_weights(
             except (ValueError, RuntimeError) as err:
                 raise CheckpointError(f"cannot load checkpoint tensor {checkpoint_name} into {target.param}: {err}") from err
             written.setdefault(target.param, set()).add(target.shard_id)
+    for checkpoint_name, tensor in tied_copies:
+        check_tied_copy(model, params, written, checkpoint_name, tensor, mapper, skip_param)
     complete = {name for name, shards in written.items() if None in shards or shards >= _expected_shards(params[name])}
     if strict:
         problems = []
@@ -95,6 +102,36 @@ def load_weights(
     check_finite(params, complete - {name for name in complete if skip_param is not None and skip_param(name)})
     process_after_loading(model)
     return complete
+
+
+def check_tied_copy(model: nn.Module, params: dict[str, nn.Parameter], written: dict[str, set], checkpoint_name: str,
+                    tensor: Any, mapper: WeightMapper, skip_param: Any) -> None:
+    """A checkpoint tensor of a parameter the model ties to another (``lm_head.weight`` under
+    ``tie_word_embeddings``), handled as transformers 5 handles it: when the shared parameter came from the
+    checkpoint too, the two must be equal (transformers would otherwise keep them apart: ATOM refuses rather than
+    give other answers); when it did not, the shared parameter is loaded from this tensor."""
+    param = model.get_parameter(mapper.rename(checkpoint_name))
+    shared = next(name for name, p in params.items() if p is param)
+    if skip_param is not None and skip_param(shared):
+        return
+    loader = getattr(param, "weight_loader", default_weight_loader)
+    if shared not in written:
+        check_dtype(checkpoint_name, tensor, shared, param.dtype)
+        loader(param, tensor)
+        written[shared] = {None}
+        return
+    copy = nn.Parameter(torch.empty_like(param.data), requires_grad=False)
+    try:
+        loader(copy, tensor)
+    except (ValueError, RuntimeError) as err:
+        raise CheckpointError(f"cannot compare checkpoint tensor {checkpoint_name} with {shared}: {err}") from err
+    if not torch.equal(copy.data, param.data):
+        where = config_file(getattr(model, "config", None)) if getattr(model, "config", None) is not None else "config.json"
+        raise CheckpointError(
+            f"{where} sets tie_word_embeddings, but the checkpoint's {checkpoint_name} differs from its {shared}: "
+            f"transformers would use {checkpoint_name} untied, ATOM ties them; set tie_word_embeddings to false to "
+            f"use {checkpoint_name}, or remove it from the checkpoint to tie"
+        )
 
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -8,6 +8,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from atom_core.config_checks import validate_config
+from atom_core.env import check_environment
 from atom_core.loader import WeightMapper, load_weights
 
 
@@ -19,6 +21,14 @@ class CausalLM(nn.Module):
     # Rows of the positions ``forward`` takes: 1 (``[T]``), or 3 (``[T/H/W, T]``, MRoPE) — then the model
     # also provides ``prompt_positions(token_ids, image_grid_thw) -> ([3, L], delta)`` for its prompts.
     position_rows: ClassVar[int] = 1
+
+    def __init__(self, hf_config: Any, host: Any):
+        """Every host builds every model through here: the config and ATOM's environment switches are checked
+        before anything is allocated (:func:`atom_core.config_checks.validate_config`,
+        :func:`atom_core.env.check_environment`)."""
+        super().__init__()
+        validate_config(hf_config, host=host)
+        check_environment(torch.get_default_device().type)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

@@ -27,7 +27,7 @@ from atom_core.config import DecoderConfig, text_config
 from atom_core.host import Host, LatentAttentionSpec
 from atom_core.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import get_rope
+from atom_core.layers.rotary import get_rope, table_length
 from atom_core.loader import WeightMapper
 from atom_core.loader.experts import with_experts
 from atom_core.models.glm4_moe import RENAMES, Glm4MoeForCausalLM, mtp_layer_names
@@ -84,7 +84,8 @@ class LatentAttention(nn.Module):
                                               prefix=f"{prefix}.kv_b_proj")
         self.o_proj = RowParallelLinear(heads * self.v_dim, cfg.hidden_size, bias=bias, host=host, prefix=f"{prefix}.o_proj")
         self.num_heads = self.kv_b_proj.out_partitions[0] // (self.nope_dim + self.v_dim)  # this rank's heads
-        self.rotary_emb = get_rope(self.rope_dim, self.rope_dim, cfg.max_position, cfg.rope, is_neox=not dims.rope_interleave)
+        self.rotary_emb = get_rope(self.rope_dim, self.rope_dim, cfg.max_position, cfg.rope, is_neox=not dims.rope_interleave,
+                                   length=table_length(host, cfg.max_position))
         spec = LatentAttentionSpec(self.kv_lora_rank, self.nope_dim, self.rope_dim, self.v_dim, self.kv_b_proj)
         self.attn = host.attention(f"{prefix}.attn", layer_id, self.num_heads, 1, qk_dim,
                                    yarn_softmax_scale(cfg.rope, qk_dim), mla=spec)

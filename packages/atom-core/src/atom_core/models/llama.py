@@ -23,8 +23,9 @@ from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.params import copy_checked, make_param, materialize
-from atom_core.layers.rotary import get_rope
+from atom_core.layers.rotary import get_rope, table_length
 from atom_core.loader import WeightMapper
+from atom_core.loader.mapper import TIED_LM_HEAD
 from atom_core.models.base import CausalLM
 
 
@@ -65,7 +66,8 @@ class Attention(nn.Module):
         )
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if options.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if options.qk_norm else None
-        self.rotary_emb = get_rope(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope)
+        self.rotary_emb = get_rope(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope,
+                                   length=table_length(host, cfg.max_position))
         heads = self.qkv_proj.num_heads
         self.sinks = None
         if options.sinks:
@@ -146,7 +148,7 @@ DENSE_MAPPER = WeightMapper(
         "gate_up_proj": [("gate_proj", 0), ("up_proj", 1)],
     },
 )
-TIED_DENSE_MAPPER = dataclasses.replace(DENSE_MAPPER, ignored=(r"^lm_head\.weight$",))
+TIED_DENSE_MAPPER = dataclasses.replace(DENSE_MAPPER, tied=TIED_LM_HEAD)
 
 
 class LlamaForCausalLM(CausalLM):
@@ -162,7 +164,7 @@ class LlamaForCausalLM(CausalLM):
         return GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, host=host, prefix=prefix)
 
     def __init__(self, hf_config: Any, host: Host, prefix: str = ""):
-        super().__init__()
+        super().__init__(hf_config, host)
         self.config = hf_config
         cfg = DecoderConfig.from_hf(hf_config)
         self.decoder_config = cfg

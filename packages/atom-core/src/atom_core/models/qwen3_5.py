@@ -32,6 +32,7 @@ from atom_core.layers.gdn import QWEN3_5_CHECKPOINT, packed_modules
 from atom_core.layers.moe import RouterConfig, SparseMoeBlock
 from atom_core.loader import WeightMapper
 from atom_core.loader.experts import with_experts
+from atom_core.loader.mapper import TIED_LM_HEAD
 from atom_core.models.llama import DENSE_MAPPER, GatedMLP
 from atom_core.models.qwen3_next import Qwen3NextModel
 from atom_core.models.qwen3_vl import Qwen3VLForConditionalGeneration
@@ -43,7 +44,7 @@ MAPPER = dataclasses.replace(
     renames=(*DENSE_MAPPER.renames, (r"\.patch_embed\.proj\.", ".patch_embed.")),
     ignored=(*DENSE_MAPPER.ignored, r"^mtp\."),
 )
-TIED_MAPPER = dataclasses.replace(MAPPER, ignored=(*MAPPER.ignored, r"^lm_head\.weight$"))
+TIED_MAPPER = dataclasses.replace(MAPPER, tied=TIED_LM_HEAD)
 MOE_MAPPER = with_experts(MAPPER)
 TIED_MOE_MAPPER = with_experts(TIED_MAPPER)
 

@@ -20,6 +20,7 @@ the MRoPE kernel).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -33,8 +34,9 @@ from atom_core.layers.gdn import QWEN3_NEXT_CHECKPOINT, GatedDeltaNet, GDNConfig
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.moe import SparseMoeBlock
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import get_rope
+from atom_core.layers.rotary import get_rope, table_length
 from atom_core.loader.experts import with_experts
+from atom_core.loader.mapper import TIED_LM_HEAD
 from atom_core.models.base import CausalLM
 from atom_core.models.llama import DENSE_MAPPER, GatedMLP, MLPBuilder, _join
 from atom_core.models.qwen_moe import is_sparse_layer, qwen_router
@@ -57,7 +59,8 @@ class GatedAttention(nn.Module):
                                         prefix=f"{prefix}.o_proj")
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, zero_centered=True)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, zero_centered=True)
-        self.rotary_emb = get_rope(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope)
+        self.rotary_emb = get_rope(cfg.head_dim, cfg.rotary_dim, cfg.max_position, cfg.rope,
+                                   length=table_length(host, cfg.max_position))
         self.attn = host.attention(f"{prefix}.attn", layer_id, self.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
                                    cfg.head_dim**-0.5)
 
@@ -139,7 +142,7 @@ class Qwen3NextForCausalLM(CausalLM):
     weight_mapper = MAPPER
 
     def __init__(self, hf_config: Any, host: Host, prefix: str = ""):
-        super().__init__()
+        super().__init__(hf_config, host)
         self.config = hf_config
         cfg = DecoderConfig.from_hf(hf_config)
         self.decoder_config = cfg
@@ -153,5 +156,5 @@ class Qwen3NextForCausalLM(CausalLM):
 
     def mapper(self):
         if self.decoder_config.tie_word_embeddings:
-            return with_experts(DENSE_MAPPER, ignored=(r"^mtp\.", r"^lm_head\.weight$"))
+            return dataclasses.replace(with_experts(DENSE_MAPPER, ignored=(r"^mtp\.",)), tied=TIED_LM_HEAD)
         return MAPPER

@@ -26,6 +26,7 @@ from atom_core.config import DecoderConfig
 from atom_core.host import Host
 from atom_core.layers.embedding import ParallelLMHead
 from atom_core.loader import WeightMapper
+from atom_core.loader.mapper import TIED_LM_HEAD
 from atom_core.models.base import CausalLM
 from atom_core.models.llama import DENSE_MAPPER, Attention, AttentionOptions, DecoderLayer, DecoderModel
 from atom_core.models.qwen3_vl_vision import VisionModel
@@ -87,7 +88,7 @@ class Qwen3VLModel(nn.Module):
 
 
 _MAPPER = dataclasses.replace(DENSE_MAPPER, renames=((r"\.patch_embed\.proj\.", ".patch_embed."),))
-_TIED_MAPPER = dataclasses.replace(_MAPPER, ignored=(r"^lm_head\.weight$",))
+_TIED_MAPPER = dataclasses.replace(_MAPPER, tied=TIED_LM_HEAD)
 
 
 class Qwen3VLForConditionalGeneration(CausalLM):
@@ -99,7 +100,7 @@ class Qwen3VLForConditionalGeneration(CausalLM):
     model_class: ClassVar[type[nn.Module]] = Qwen3VLModel
 
     def __init__(self, hf_config: Any, host: Host, prefix: str = ""):
-        super().__init__()
+        super().__init__(hf_config, host)
         self.config = hf_config
         cfg = DecoderConfig.from_hf(hf_config)
         cfg = dataclasses.replace(cfg, rope={**self.rope_defaults, **cfg.rope, "mrope_interleaved": self.mrope_interleaved})

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from atom_core.errors import UnsupportedQuantizationError
+from atom_core.config_checks import config_file
+from atom_core.errors import CheckpointError, UnsupportedQuantizationError
 from atom_core.layers.params import make_param
 from atom_core.quant.exclusions import in_model_names
 
@@ -90,6 +91,9 @@ def parse_quant_config(hf_config: Any, online: str | None = None,
     through (:func:`atom_core.quant.exclusions.in_model_names`)."""
     qcfg = getattr(hf_config, "quantization_config", None)
     if qcfg and not isinstance(qcfg, dict):
+        if not hasattr(qcfg, "to_dict"):
+            raise CheckpointError(f"{config_file(hf_config)}: quantization_config must be an object (with "
+                                  f"quant_method), got {qcfg!r}")
         qcfg = qcfg.to_dict()
     if qcfg and rename is not None:
         qcfg = in_model_names(qcfg, rename)

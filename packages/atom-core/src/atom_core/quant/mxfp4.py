@@ -17,11 +17,11 @@ Linear layers run ``atom_kernels.mxfp4_mm``: the weights stay 4-bit in memory.
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from atom_core.env import env_choice
 from atom_core.errors import UnsupportedQuantizationError
 from atom_core.layers.params import make_param
 from atom_core.quant.base import LinearMethod, QuantConfig, register_scheme
@@ -91,9 +91,7 @@ def adopt_kernel_layout(layer: LinearBase) -> None:
     keeps the checkpoint's order.  ``layer.weight_layout`` says which, for ``apply``."""
     from atom_kernels.formats import mxfp4_rows_to_lanes
 
-    wanted = os.environ.get(LAYOUT_ENV, "auto")
-    if wanted not in LAYOUT_CHOICES:
-        raise UnsupportedQuantizationError(f"{LAYOUT_ENV}={wanted!r}: expected one of {', '.join(LAYOUT_CHOICES)}")
+    wanted = env_choice(LAYOUT_ENV)  # one of atom_core.env.CHOICE_SWITCHES[LAYOUT_ENV], the keys of LAYOUT_CHOICES
     weight = layer.weight.data
     layer.weight_layout = LAYOUT_CHOICES[wanted](weight)
     if layer.weight_layout == "lanes":

@@ -45,9 +45,10 @@ from atom_core.errors import UnsupportedQuantizationError, UsageError
 from atom_core.layers.params import materialize
 from atom_core.loader import Checkpoint
 from atom_core.loader.checkpoint import INDEX_FILE
+from atom_core.paths import escapes, inside
 from atom_core.quant.exclusions import layer_excluded
 from atom_core.quant.native_layouts import ExpertsOnly, NativeLayout, native_layout
-from atom_core.staging import check_destination, staged_dir
+from atom_core.staging import MARKER, check_destination, staged_dir
 
 logger = logging.getLogger(__name__)
 
@@ -207,14 +208,12 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path, scheme: str,
         writer = _SchemeWriter(scheme, device, hf_config, exclude)
     check_destination(out, overwrite)
     checkpoint = Checkpoint(src)
-    with staged_dir(out, overwrite=overwrite) as tmp:
+    with staged_dir(out, writer="atom quantize", overwrite=overwrite) as tmp:
         _write_shards(checkpoint, tmp, writer, f"quantizing ({scheme})")
-        config = json.loads((src / "config.json").read_text())
+        config = json.loads(inside(src, "config.json").read_text())
         config["quantization_config"] = writer.quantization_config()
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        for path in src.iterdir():
-            if path.is_file() and path.suffix != ".safetensors" and path.name not in ("config.json", INDEX_FILE):
-                shutil.copy2(path, tmp / path.name)
+        copy_other_files(src, tmp)
     logger.info("quantized %d weights with %s into %s (%s)", writer.quantized, scheme, out, writer.summary())
     return out
 
@@ -317,6 +316,26 @@ def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+NOT_COPIED = ("config.json", INDEX_FILE, MARKER)  # written anew (the marker: by the staging itself)
+
+
+def copy_other_files(src: Path, out: Path) -> None:
+    """Copy the files of ``src`` that are not weights (tokenizer, chat template, generation config...) into ``out``.
+
+    A symbolic link is copied as the contents of what it points to only when that stays inside ``src``; a link
+    out of the checkpoint is skipped with a warning (its target is not ATOM's to read, let alone to copy).
+    Directories are not copied."""
+    for path in sorted(src.iterdir()):
+        if path.suffix == ".safetensors" or path.name in NOT_COPIED:
+            continue
+        target = escapes(src, path)
+        if target is not None:
+            logger.warning("not copying %s: it is a link to %s, outside the checkpoint directory", path, target)
+            continue
+        if path.is_file():
+            shutil.copy2(path, out / path.name)
+
+
 def _write_shards(checkpoint: Checkpoint, out: Path, writer: _Writer, desc: str) -> None:
     """Every shard of ``checkpoint`` into ``out`` under the same file name, each tensor replaced by what ``writer``
     makes of it (and the index, if the checkpoint has one)."""
@@ -331,11 +350,13 @@ def _write_shards(checkpoint: Checkpoint, out: Path, writer: _Writer, desc: str)
         pending[file].update(writer(source, lazy))
         remaining[file] -= 1
         if remaining[file] == 0:
-            save_file(pending[file], str(out / file), metadata={"format": "pt"})
+            target = inside(out, file, what="shard")  # a name Checkpoint already checked; written only inside out
+            target.parent.mkdir(parents=True, exist_ok=True)
+            save_file(pending[file], str(target), metadata={"format": "pt"})
             weight_map.update({key: file for key in pending[file]})
             pending[file] = {}
     if len(files) > 1 or (checkpoint.model_dir / INDEX_FILE).is_file():
-        total = sum((out / f).stat().st_size for f in files)
+        total = sum(inside(out, f).stat().st_size for f in files)
         (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
 
 

@@ -68,7 +68,7 @@ class DecodeGraphs:
         self.capture = device.type == "cuda"
         self._static: dict[tuple[int, int], _Static] = {}
         self._pool = None
-        self._caches: tuple[int, int] | None = None  # identities of the KV cache and state pool captured over
+        self._caches: tuple | None = None  # identities of the KV cache, state pool and rotary tables captured over
 
     def handles(self, batch: int) -> bool:
         return bucket_for(batch) is not None
@@ -99,8 +99,9 @@ class DecodeGraphs:
 
     # ------------------------------------------------------------------------------------------------- internals
     def _check_caches(self) -> None:
-        """Drop every graph when the runner reallocated the KV cache or state pool they were captured over."""
-        caches = (id(self.host.kv_cache), id(self.host.state_pool))
+        """Drop every graph when the runner reallocated the KV cache, state pool or rotary tables they were captured
+        over."""
+        caches = (id(self.host.kv_cache), id(self.host.state_pool), self.host.max_positions)
         if caches != self._caches:
             self._static.clear()
             self._pool = None

@@ -21,8 +21,11 @@ class NativeHost:
     linear_attention_layout = K_MAJOR  # the layout of its GDN SSM state pools (a class attribute tests may change)
     attention_sinks_dtype = torch.float32  # ATOM's paged attention reads sinks in fp32
 
-    def __init__(self, tp: TensorParallel | None = None, quant: Any = None):
+    def __init__(self, tp: TensorParallel | None = None, quant: Any = None, max_positions: int | None = None):
         self.tp = tp or SingleRank()
+        # the positions the model's rotary tables cover (None: the config's max_position_embeddings); the runner
+        # sizes them by what it runs and grows them (atom_core.layers.rotary.grow_position_tables)
+        self.max_positions = max_positions
         self.quant = quant
         self.context: StepContext | None = None
         self.kv_cache: KVCache | None = None

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from atom_core.errors import CheckpointError, UnsupportedConfigError
+from atom_core.errors import CheckpointError, UnsupportedConfigError, UnsupportedError, UsageError
+from atom_core.paths import check_links, inside
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,23 @@ def load_images(model_dir: str | Path, paths: Sequence[str | Path]) -> ImageInpu
     try:
         from PIL import Image
     except ImportError:
-        raise ImportError("images need pillow: pip install 'atom-core[images]'") from None
+        raise UnsupportedError("images need pillow: pip install 'atom-core[images]'") from None
     from transformers import AutoImageProcessor
 
-    if not (Path(model_dir) / "preprocessor_config.json").is_file():
+    if not inside(model_dir, "preprocessor_config.json").is_file():
         raise CheckpointError(f"{model_dir} has no preprocessor_config.json: cannot preprocess images for it")
-    processor = AutoImageProcessor.from_pretrained(str(model_dir))
-    images = [Image.open(path).convert("RGB") for path in paths]
+    check_links(model_dir)  # transformers opens files of its choosing in the directory
+    try:
+        processor = AutoImageProcessor.from_pretrained(str(model_dir), trust_remote_code=False)
+    except Exception as err:  # what transformers raises for a processor config it cannot read varies
+        raise CheckpointError(f"{model_dir}: transformers cannot load its image processor: "
+                              f"{' '.join(str(err).split())}") from err
+    images = []
+    for path in paths:
+        try:
+            images.append(Image.open(path).convert("RGB"))
+        except (OSError, ValueError) as err:  # missing, unreadable, or not an image PIL knows
+            raise UsageError(f"--image {path}: cannot read it as an image: {err}") from None
     batch = processor(images=images, return_tensors="pt")
     return ImageInputs(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
 

@@ -3,6 +3,7 @@ decode them step by step over the paged KV cache."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,9 +14,11 @@ import torch
 from atom_core import catalog
 from atom_core.build import build_model
 from atom_core.config import load_hf_config, text_config
-from atom_core.errors import DeviceUnavailableError, UsageError
+from atom_core.errors import CheckpointError, DeviceUnavailableError, UsageError
 from atom_core.host import TensorParallel
+from atom_core.layers.rotary import grow_position_tables
 from atom_core.loader import Checkpoint
+from atom_core.paths import inside
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.graphs import DecodeGraphs
 from atom_core.runtime.host import NativeHost
@@ -25,6 +28,8 @@ from atom_core.runtime.positions import PositionPlan
 from atom_core.runtime.sampler import SamplingParams, sample
 
 logger = logging.getLogger(__name__)
+
+GENERATION_CONFIG = "generation_config.json"
 
 
 @dataclass
@@ -71,6 +76,9 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_positio
                              f"model's {max_positions} positions (max_position_embeddings)")
 
 
+INITIAL_POSITIONS = 8192  # the rotary tables' first size; grown to what a batch needs (never by the config alone)
+
+
 class Runner:
     def __init__(self, model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  block_size: int = 16, tp: TensorParallel | None = None, quantization: str | None = None,
@@ -81,9 +89,12 @@ class Runner:
         self.block_size = block_size
         self.hf_config = load_hf_config(self.model_dir)
         self.spec = catalog.resolve(self.hf_config)
+        self.max_position_embeddings = text_config(self.hf_config).max_position_embeddings
+        positions = min(INITIAL_POSITIONS, self.max_position_embeddings)
         with torch.device(self.device), _default_dtype(dtype):
-            self.model, self.host = build_model(self.hf_config, lambda quant: NativeHost(tp=tp, quant=quant),
-                                                spec=self.spec, online=quantization)
+            self.model, self.host = build_model(
+                self.hf_config, lambda quant: NativeHost(tp=tp, quant=quant, max_positions=positions),
+                spec=self.spec, online=quantization)
         self.model.load_weights(Checkpoint(self.model_dir))
         self.model.eval()
         self.eos_token_ids = _eos_ids(self.hf_config, self.model_dir)
@@ -100,6 +111,16 @@ class Runner:
         cache = self.host.kv_cache
         if cache is None or cache.num_blocks < blocks:
             self.host.allocate_kv_cache(blocks, self.block_size, self.dtype, self.device)
+
+    def _ensure_positions(self, longest: int) -> None:
+        """Rotary tables covering sequences of ``longest`` tokens (doubled when grown, up to the config's
+        max_position_embeddings unless a sequence is longer still)."""
+        current = self.host.max_positions
+        if longest <= current:
+            return
+        length = max(longest, min(2 * current, self.max_position_embeddings))
+        grow_position_tables(self.model, length)
+        self.host.max_positions = length
 
     def _new_sequences(self, count: int) -> list[SequenceSlots]:
         """Fresh sequences, each with a linear-attention state slot when the model has such layers."""
@@ -176,6 +197,7 @@ class Runner:
         check_prompts([p.token_ids for p in prompts], text_config(self.hf_config).vocab_size)
         images = [p.images for p in prompts if p.images is not None]
         self._ensure_cache(sum(len(p.token_ids) for p in prompts) + self.block_size * len(prompts))
+        self._ensure_positions(max(len(p.token_ids) for p in prompts))
         seqs = self._new_sequences(len(prompts))
         try:
             hidden = self._step(seqs, [p.token_ids for p in prompts], [self._position_plan(p) for p in prompts], images)
@@ -195,6 +217,7 @@ class Runner:
         limit = self.model.decoder_config.max_position if hasattr(self.model, "decoder_config") else None
         check_prompts(prompts, text_config(self.hf_config).vocab_size, limit, params.max_new_tokens)
         self._ensure_cache(sum(len(p) + params.max_new_tokens for p in prompts) + self.block_size * len(prompts))
+        self._ensure_positions(max(len(p) for p in prompts) + params.max_new_tokens)
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         outputs = [GenerationOutput(list(p)) for p in prompts]
         seqs = self._new_sequences(len(prompts))
@@ -241,16 +264,28 @@ class _default_dtype:
 
 
 def _eos_ids(hf_config, model_dir: Path) -> set[int]:
+    """The end-of-sequence token ids of the config and of ``generation_config.json`` (when present)."""
     ids: set[int] = set()
     for source in (text_config(hf_config), hf_config):
         eos = getattr(source, "eos_token_id", None)
         if eos is not None:
-            ids.update(eos if isinstance(eos, list) else [eos])
-    gen = model_dir / "generation_config.json"
+            ids.update(_token_ids(eos, "config.json: eos_token_id", model_dir))
+    gen = inside(model_dir, GENERATION_CONFIG)
     if gen.is_file():
-        import json
-
-        eos = json.loads(gen.read_text()).get("eos_token_id")
+        try:
+            data = json.loads(gen.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise CheckpointError(f"{gen} is not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{gen} holds a JSON {type(data).__name__}, not an object")
+        eos = data.get("eos_token_id")
         if eos is not None:
-            ids.update(eos if isinstance(eos, list) else [eos])
+            ids.update(_token_ids(eos, f"{GENERATION_CONFIG}: eos_token_id", model_dir))
     return ids
+
+
+def _token_ids(value, field: str, model_dir: Path) -> list[int]:
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise CheckpointError(f"{model_dir}/{field} must be a token id or a list of them, got {value!r}")
+    return values

@@ -32,6 +32,10 @@ def preferred_layout(n: int, k: int, device) -> str:
     ``"rows"``.  Lanes is also the warpgroup-MMA kernel's natural order above 16 tokens (about twice as fast there on
     the H200).  ``atom_core``'s MXFP4 layers keep weights in this order
     (``ATOM_MXFP4_LAYOUT=rows`` keeps the checkpoint's)."""
+    from atom_kernels.dispatch import _triton_present
+
+    if not _triton_present():  # only the reference runs, and it reads rows
+        return "rows"
     from atom_kernels.ops.mxfp4_mm.planner import lanes_serve
 
     return "lanes" if lanes_serve(n, k, device) else "rows"

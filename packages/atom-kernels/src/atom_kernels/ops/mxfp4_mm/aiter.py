@@ -10,9 +10,12 @@ this op's contract does not have, so the wrapper runs only when asked for with
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from atom_kernels.dispatch import switch_on
+
+A4W4_ENV = "ATOM_AITER_MXFP4_A4W4"
 
 
 @functools.cache
@@ -23,7 +26,7 @@ def _is_gfx950() -> bool:
 def unsupported(x, w, w_scale, bias=None, layout="rows", static_weights=False) -> str | None:
     if layout != "rows":
         return f"aiter gemm_a4w4 reads the checkpoint layout, not {layout!r}"
-    if os.environ.get("ATOM_AITER_MXFP4_A4W4") != "1":
+    if not switch_on(A4W4_ENV):
         return "aiter gemm_a4w4 also quantizes activations to MXFP4; set ATOM_AITER_MXFP4_A4W4=1 to allow it"
     if not _is_gfx950():
         return "aiter gemm_a4w4 needs an MI350-class GPU (gfx950)"
