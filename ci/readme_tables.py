@@ -24,7 +24,7 @@ import tomllib
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "packages" / "atom-core" / "src"))
 
-from atom_core import catalog  # noqa: E402  (imports no torch)
+from atom_core import catalog, takeover  # noqa: E402  (import no torch)
 
 VLLM_CHECKS = {
     "plugin": "entry point, registry, capability flags, broken-plugin guard",
@@ -386,7 +386,22 @@ def releases_table(pins: dict) -> str:
     return "\n".join(lines)
 
 
+def takeover_table(pins: dict) -> str:
+    """atom_core.takeover.MEASURED: where ATOM's class takes over by default, and the results behind each row."""
+    lines = ["| host | platform | architecture | by default | ATOM / host's own (output tokens/s) | measured |",
+             "|---|---|---|---|---|---|"]
+    for m in takeover.MEASURED:
+        arch = "every architecture" if m.arch == takeover.EVERY else f"`{m.arch}`"
+        serves = "ATOM's class" if m.atom_wins else "the host's own class"
+        ratio = f"{m.ratio:.2f}"
+        source = f"[{m.results}]({m.results})" if m.results.startswith("bench/") else m.results
+        lines.append(f"| {takeover.HOSTS[m.host]} | {takeover.platform_name(m.platform)} | {arch} | {serves} | {ratio} | "
+                     f"{m.detail}; {source} |")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
+    "takeover": takeover_table,
     "models": models_table, "core-pins": core_pins_table, "vllm": vllm_table, "h200": h200_table,
     "vllm-e2e": vllm_e2e_table, "sglang": sglang_table, "releases": releases_table,
 }

@@ -34,6 +34,19 @@ def test_env_reports_backends_and_catalog(capsys):
     assert info["architectures"] == catalog.supported()
 
 
+def test_env_shows_which_class_serves_each_architecture(capsys, monkeypatch):
+    """`atom env` prints atom_core.takeover's decision per host on this machine's platform (the CPU here)."""
+    monkeypatch.delenv("ATOM_TAKE_OVER", raising=False)
+    assert main(["env", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)["take_over"]
+    assert list(table) == ["vLLM on CPU", "SGLang on CPU"]
+    assert table["vLLM on CPU"].startswith("vLLM's own classes serve, in vLLM on CPU: " + ", ".join(catalog.ARCHITECTURES))
+    monkeypatch.setenv("ATOM_TAKE_OVER", "Qwen3ForCausalLM")
+    assert main(["env", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)["take_over"]
+    assert table["SGLang on CPU"].startswith("ATOM's classes serve, in SGLang on CPU: Qwen3ForCausalLM (forced by ")
+
+
 def test_make_tiny_command(tmp_path, capsys):
     out = tmp_path / "tiny"
     assert main(["make-tiny", "MistralForCausalLM", str(out), "--max-shard-size", "1MB"]) == 0

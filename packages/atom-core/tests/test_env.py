@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from atom_core import cli
-from atom_core.env import env_flag
+from atom_core.env import env_flag, env_items
 from atom_core.errors import UsageError
 
 NAME = "ATOM_TEST_SWITCH"
@@ -42,3 +42,14 @@ def test_cli_reads_atom_debug_with_the_rule(monkeypatch, capsys):
     monkeypatch.setenv(cli.DEBUG_ENV, "maybe")
     assert cli.main(["generate", "--model", "/nonexistent-atom-dir", "--prompt", "x"]) == 2
     assert "ATOM_DEBUG='maybe'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, items", [("", ()), (" , ", ()), ("a", ("a",)), (" a, b ,,c", ("a", "b", "c"))])
+def test_items(monkeypatch, value, items):
+    monkeypatch.setenv(NAME, value)
+    assert env_items(NAME) == items
+
+
+def test_items_unset(monkeypatch):
+    monkeypatch.delenv(NAME, raising=False)
+    assert env_items(NAME) == ()

@@ -22,6 +22,11 @@ from atom_core import catalog
 
 HERE = Path(__file__).parent
 PROBE = HERE / "vllm_probe.py"
+# These tests check ATOM's classes inside vLLM, which on the CPU are not the default (do no harm: vLLM keeps its own
+# class where ATOM has no measured fast path, atom_core.takeover): forced on here, inherited by every vLLM process
+# the tests start.  Tests of the default unset it for themselves.
+TAKE_OVER = {"ATOM_TAKE_OVER": "all"}
+os.environ.update(TAKE_OVER)
 
 
 def pytest_configure(config):

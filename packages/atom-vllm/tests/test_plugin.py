@@ -1,11 +1,14 @@
 """vLLM's plugin and registry contract, checked in fresh subprocesses against the installed vLLM:
 entry point discovery, registration of every served catalog architecture (string form, cheap, no CUDA),
-the off switches, resolution to ATOM's classes with the right capability flags, and that a broken install
+the off switches, do no harm (without ATOM_TAKE_OVER vLLM keeps its own class where ATOM has no measured fast path,
+and vLLM's log says which class serves each architecture), resolution to ATOM's classes with the right capability
+flags, and that a broken install
 is a failure rather than a silent fallback to vLLM's own model."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,13 +18,18 @@ from pathlib import Path
 import pytest
 from conftest import served_architectures
 
-from atom_core import catalog
+from atom_core import catalog, takeover
+from atom_core.takeover import platform_name
 from atom_vllm.capabilities import expected_flags
 
 pytestmark = pytest.mark.plugin
 
 REGISTRY_SCRIPT = """
 import json, sys
+import vllm.logger
+if hasattr(vllm.logger, "configure_logging"):  # 0.32+: vLLM's servers configure its logging from their arguments
+    from vllm.config.logging import LoggingConfig
+    vllm.logger.configure_logging(LoggingConfig())  # (before 0.32 importing vllm.logger did)
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm import ModelRegistry
@@ -30,7 +38,9 @@ entries = {}
 for arch in sys.argv[1:]:
     entry = ModelRegistry.models.get(arch)
     entries[arch] = [getattr(entry, "module_name", None), getattr(entry, "class_name", None)]
-print(json.dumps({
+from atom_vllm.compat import platform
+print("ATOM_REGISTRY " + json.dumps({
+    "platform": platform(),
     "entries": entries,
     "imported": sorted(m for m in ("atom_vllm.models", "atom_core.models", "atom_core.models.llama", "atom_kernels")
                        if m in sys.modules),
@@ -39,11 +49,16 @@ print(json.dumps({
 """
 
 
-def registry_state() -> dict:
+def registry_state(**env: str | None) -> dict:
+    """The registry after vLLM loads its plugins in a fresh process (``env``: variables to set, or to unset with
+    None); ``log``: that process's output, where vLLM's logging configuration writes its log."""
     archs = list(catalog.ARCHITECTURES)
-    proc = subprocess.run([sys.executable, "-c", REGISTRY_SCRIPT, *archs], capture_output=True, text=True, timeout=300)
+    full_env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    proc = subprocess.run([sys.executable, "-c", REGISTRY_SCRIPT, *archs], capture_output=True, text=True, timeout=300,
+                          env=full_env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("ATOM_REGISTRY ")]
+    return json.loads(line.split(" ", 1)[1]) | {"log": proc.stdout + proc.stderr}
 
 
 def assert_served_by_atom(results: list[dict]) -> None:
@@ -65,6 +80,41 @@ def test_load_general_plugins_registers_strings_cheaply():
         assert state["entries"][arch] == ["atom_vllm.models", arch], arch
     assert state["imported"] == []
     assert state["cuda_initialized"] is False
+    assert f"ATOM's classes serve, in vLLM on {platform_name(state['platform'])}: " in state["log"]
+
+
+VLLM_OWN = "vllm.model_executor.models."  # what a registry entry of vLLM's own class starts with
+
+
+def test_do_no_harm_by_default(monkeypatch):
+    """Without ATOM_TAKE_OVER, on a platform where ATOM has no measured fast path (this CPU), vLLM keeps its own class
+    for every architecture it has one of (all catalog architectures, in every supported release), and vLLM's own log
+    (its handler, its format) says so once, naming each architecture and why; ATOM_TAKE_OVER=Arch forces that one."""
+    monkeypatch.delenv("ATOM_TAKE_OVER")
+    state = registry_state()
+    decisions = takeover.decide_all("vllm", state["platform"], served_architectures(), catalog.ARCHITECTURES)
+    assert not any(d.atom for d in decisions), "a row of atom_core.takeover makes ATOM take over on this platform"
+    for arch in served_architectures():
+        module = state["entries"][arch][0] or ""
+        assert module.startswith(VLLM_OWN), f"{arch} is served by {module} without ATOM_TAKE_OVER"
+    (line,) = [x for x in state["log"].splitlines() if "vLLM's own classes serve" in x]
+    assert line.startswith("(") and " INFO " in line, f"not vLLM's log format: {line}"  # (process pid=N) INFO ...
+    assert ", ".join(served_architectures()) in line and "ATOM_TAKE_OVER=all" in line, line
+    assert "ATOM's classes serve" not in state["log"]
+
+    one = served_architectures()[0]
+    forced = registry_state(ATOM_TAKE_OVER=one)
+    assert forced["entries"][one] == ["atom_vllm.models", one]
+    assert all((forced["entries"][a][0] or "").startswith(VLLM_OWN) for a in served_architectures() if a != one)
+    assert f"ATOM's classes serve, in vLLM on {platform_name(forced['platform'])}: {one} (forced by ATOM_TAKE_OVER)" \
+        in forced["log"]
+
+
+def test_take_over_value_that_names_no_architecture_stops_startup():
+    proc = subprocess.run([sys.executable, "-c", "from vllm.plugins import load_general_plugins; load_general_plugins()"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "ATOM_TAKE_OVER": "Llama"})
+    assert proc.returncode != 0
+    assert "ATOM_TAKE_OVER=Llama: Llama is not a catalog architecture" in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.fixture

@@ -112,6 +112,7 @@ def cmd_env(args: argparse.Namespace) -> int:
         "rocm": torch.version.hip is not None,
         "kernel_backends": atom_kernels.describe(device),
         "architectures": catalog.supported(),
+        "take_over": take_over_table(device),
     }
     for name in ("triton", "transformers", "safetensors", "aiter", "vllm", "sglang"):
         try:
@@ -129,6 +130,18 @@ def cmd_env(args: argparse.Namespace) -> int:
             else:
                 print(f"{key:<22} {value}")
     return 0
+
+
+def take_over_table(device: str) -> dict[str, str]:
+    """atom_core.takeover's decision for each host on this machine's platform, for every catalog architecture (as if
+    the host had its own class of each, as the supported releases do): which class serves it and why."""
+    from atom_core import catalog, takeover
+
+    platform = takeover.ROCM if device == "cuda" and torch.version.hip is not None else device
+    return {f"{takeover.HOSTS[host]} on {takeover.platform_name(platform)}":
+            " | ".join(takeover.summary(host, platform, takeover.decide_all(host, platform, catalog.ARCHITECTURES,
+                                                                             catalog.ARCHITECTURES)))
+            for host in takeover.HOSTS}
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> int:
