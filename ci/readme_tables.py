@@ -31,6 +31,9 @@ VLLM_CHECKS = {
     "construct": "forced-CPU construction + `load_weights` of every architecture",
     "generate": "`LLM.generate` on CPU: same greedy tokens as vLLM's own model and transformers",
     "tensor_parallel": "`LLM.generate` at `tensor_parallel_size=2`: same greedy tokens as TP=1 and vLLM's own model",
+    "server": "the OpenAI server (the serve command here) on the demo model through the `openai` client, ATOM's class "
+              "against vLLM's own: completions, log-probabilities, chat template, streaming, seeded sampling, JSON "
+              "schema, stop strings, a prompt over the chunk budget, prefix-cache hits, concurrency, 400s",
 }
 
 
@@ -72,13 +75,16 @@ def vllm_table(pins: dict) -> str:
         f"atom-vllm supports vLLM `{vllm_supported(pins)}` (checked when the plugin loads). "
         "Tested on this CPU-only CI:",
         "",
-        "| distribution | version | torch | transformers | checked |",
-        "|---|---|---|---|---|",
+        "| distribution | version | torch | transformers | serve a model | checked |",
+        "|---|---|---|---|---|---|",
     ]
     for e in entries:
         checks = "; ".join(VLLM_CHECKS[c] for c in e.get("checks", []))
+        if e.get("construct") == "family":
+            checks = checks.replace("of every architecture", "of one architecture per model family")
         torch = e["torch"] + (f" ({e['torch_note']})" if e.get("torch_note") else "")
-        lines.append(f"| `{e['distribution']}` | {e['version']} | {torch} | {e['transformers']} | {checks} |")
+        lines.append(f"| `{e['distribution']}` | {e['version']} | {torch} | {e['transformers']} | `{e['serve']} MODEL` | "
+                     f"{checks} |")
     return "\n".join(lines)
 
 
@@ -414,8 +420,8 @@ def _module(section: str, body: str) -> str:
 
 def vllm_pins(pins: dict) -> str:
     fields = ("distribution", "version", "torch", "transformers")
-    rows = "".join(f"    {{{', '.join(f'{f!r}: {e[f]!r}' for f in fields)},\n     'checks': {tuple(e.get('checks', ()))!r}}},\n"
-                   for e in pins["vllm"])
+    rows = "".join(f"    {{{', '.join(f'{f!r}: {e[f]!r}' for f in fields)},\n     'checks': {tuple(e.get('checks', ()))!r}, "
+                   f"'serve': {e['serve']!r}}},\n" for e in pins["vllm"])
     return _module("vllm", f"TESTED = (\n{rows})\n")
 
 

@@ -31,6 +31,7 @@ REQUIRED = os.environ.get("ATOM_SGLANG_REQUIRED") == "1"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "sglang: needs an installed SGLang")
+    config.addinivalue_line("markers", "server: SGLang's OpenAI server on the demo model (the newest SGLang session only)")
 
 
 def pytest_collection_modifyitems(config, items):

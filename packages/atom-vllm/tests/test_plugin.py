@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from conftest import served_architectures
+from conftest import flag_architectures, served_architectures
 
 from atom_core import catalog, takeover
 from atom_core.takeover import platform_name
@@ -186,8 +186,14 @@ def test_unsupported_version_stops_vllm_startup(plugin_loading, monkeypatch):
 
 
 def test_every_architecture_resolves_to_atom_with_its_flags(tiny_models, probe):
-    results = probe("resolve", list(tiny_models.values()))
+    """Every served architecture resolves to ATOM's class (built in the process); vLLM's inspection subprocess reports
+    the capability flags its catalog entry implies, asked of one architecture per capability set."""
+    resolved = probe("resolve", list(tiny_models.values()), inspect="no")
+    assert_served_by_atom(resolved)
+    assert [r["qualname"] for r in resolved] == list(tiny_models)
+    results = probe("resolve", [tiny_models[a] for a in flag_architectures()])
     assert_served_by_atom(results)
+    assert {catalog.get(r["arch"]).capabilities for r in results} == {catalog.get(a).capabilities for a in tiny_models}
     for r in results:
         spec = catalog.get(r["arch"])
         assert r["qualname"] == spec.name

@@ -32,11 +32,10 @@ _registered: dict[str, str] | None = None
 
 
 def vllm_logger() -> logging.Logger:
-    """A logger under vLLM's own (``vllm.*``): vLLM's logging configuration gives only those a handler, so a plugin's
-    lines under any other name never reach the server log."""
-    from vllm.logger import init_logger
-
-    return init_logger(f"vllm.{__name__}")
+    """A logger under vLLM's own (``vllm.*``, what ``vllm.logger.init_logger`` names): vLLM's logging configuration
+    gives only those a handler, so a plugin's lines under any other name never reach the server log.  Getting it
+    imports nothing of vLLM's."""
+    return logging.getLogger(f"vllm.{__name__}")
 
 
 def _info(logger: logging.Logger, *args) -> None:
