@@ -81,10 +81,13 @@ def construct_architectures() -> list[str]:
     return first_of_each(archs, lambda spec: spec.family) if choice == "family" else archs
 
 
-def flag_architectures() -> list[str]:
-    """One served architecture per capability set: the flags vLLM's inspection reports for a wrapper follow from its
-    capabilities alone (they choose its bases, atom_vllm.capabilities), and each inspection is a subprocess."""
-    return first_of_each(served_architectures(), lambda spec: spec.capabilities)
+@pytest.fixture
+def every_architecture_built():
+    """For the construct checks beyond building the catalog (ATOM's attention backend selected, vLLM's own gpt-oss
+    loader on ATOM's MXFP4 layout, ATOM's checkpoint errors through vLLM's loader): they run where the release
+    builds every architecture, and skip naming why in a "family" release (CI's time goes to the newest release)."""
+    if os.environ.get(CONSTRUCT_ENV, "every") == "family":
+        pytest.skip(f"{CONSTRUCT_ENV}=family: run by the release that builds every architecture (ci/pins.toml)")
 
 
 @functools.cache

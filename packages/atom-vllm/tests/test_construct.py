@@ -158,7 +158,7 @@ def break_checkpoint(model: Path, case: str) -> None:
         shard.write_bytes((0x4141414141414141).to_bytes(8, "little") + data[8:])
 
 
-def test_bad_checkpoint_fails_with_atoms_message(tiny_models, probe, tmp_path):
+def test_bad_checkpoint_fails_with_atoms_message(every_architecture_built, tiny_models, probe, tmp_path):
     """A checkpoint ATOM's loader refuses fails under vLLM's loader with ATOM's one-line CheckpointError naming
     the tensor and the dtypes (an int32 tensor where a float weight belongs), or the file vLLM's own safetensors
     reader could not open (truncated; a garbage header length), not a host traceback about a copy or a header."""
