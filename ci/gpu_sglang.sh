@@ -10,8 +10,8 @@
 # (the bundle has neither FA3 nor FlashInfer; vision encoders: --mm-attention-backend triton_attn).
 # ATOM's classes against SGLang's own through two servers: bash ci/gpu_sglang.sh -m atom_sglang.bench --out X.json
 # (the bench sets SGLANG_EXTERNAL_MODEL_PACKAGE per server itself; --atom is not needed).
-# `--atom` as the first argument also sets SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models, so ATOM's classes
-# replace SGLang's own (atom-sglang's plugin accepts only the SGLang releases in ci/pins.toml [sglang]).
+# `--atom` as the first argument also sets SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models and ATOM_TAKE_OVER=all,
+# so ATOM's classes replace SGLang's own (without ATOM_TAKE_OVER only where atom_core.takeover measured a fast path) (atom-sglang's plugin accepts only the SGLang releases in ci/pins.toml [sglang]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -27,7 +27,7 @@ source ci/bundle_env.sh
 # the bundle's site dir also holds sglang-kernel and the pinned transformers (shadowing the machine's); the
 # atom-sglang dist-info carries the `sglang.srt.plugins` entry point SGLang loads
 bundle_on_path gpu_sglang "$PARTS_DIR" "$BUNDLE_DIR" atom-sglang
-if (( atom )); then export SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models; fi
+if (( atom )); then export SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models ATOM_TAKE_OVER=all; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no network there
 export PYTHONUNBUFFERED=1
 # SGLang's caches (compiled kernels, tuned configs) in a fresh temp dir per run unless given.

@@ -24,13 +24,16 @@ import tomllib
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "packages" / "atom-core" / "src"))
 
-from atom_core import catalog  # noqa: E402  (imports no torch)
+from atom_core import catalog, takeover  # noqa: E402  (import no torch)
 
 VLLM_CHECKS = {
     "plugin": "entry point, registry, capability flags, broken-plugin guard",
     "construct": "forced-CPU construction + `load_weights` of every architecture",
     "generate": "`LLM.generate` on CPU: same greedy tokens as vLLM's own model and transformers",
     "tensor_parallel": "`LLM.generate` at `tensor_parallel_size=2`: same greedy tokens as TP=1 and vLLM's own model",
+    "server": "the OpenAI server (the serve command here) on the demo model through the `openai` client, ATOM's class "
+              "against vLLM's own: completions, log-probabilities, chat template, streaming, seeded sampling, JSON "
+              "schema, stop strings, a prompt over the chunk budget, prefix-cache hits, concurrency, 400s",
 }
 
 
@@ -72,13 +75,16 @@ def vllm_table(pins: dict) -> str:
         f"atom-vllm supports vLLM `{vllm_supported(pins)}` (checked when the plugin loads). "
         "Tested on this CPU-only CI:",
         "",
-        "| distribution | version | torch | transformers | checked |",
-        "|---|---|---|---|---|",
+        "| distribution | version | torch | transformers | serve a model | checked |",
+        "|---|---|---|---|---|---|",
     ]
     for e in entries:
         checks = "; ".join(VLLM_CHECKS[c] for c in e.get("checks", []))
+        if e.get("construct") == "family":
+            checks = checks.replace("of every architecture", "of one architecture per model family")
         torch = e["torch"] + (f" ({e['torch_note']})" if e.get("torch_note") else "")
-        lines.append(f"| `{e['distribution']}` | {e['version']} | {torch} | {e['transformers']} | {checks} |")
+        lines.append(f"| `{e['distribution']}` | {e['version']} | {torch} | {e['transformers']} | `{e['serve']} MODEL` | "
+                     f"{checks} |")
     return "\n".join(lines)
 
 
@@ -386,7 +392,22 @@ def releases_table(pins: dict) -> str:
     return "\n".join(lines)
 
 
+def takeover_table(pins: dict) -> str:
+    """atom_core.takeover.MEASURED: where ATOM's class takes over by default, and the results behind each row."""
+    lines = ["| host | platform | architecture | by default | ATOM / host's own (output tokens/s) | measured |",
+             "|---|---|---|---|---|---|"]
+    for m in takeover.MEASURED:
+        arch = "every architecture" if m.arch == takeover.EVERY else f"`{m.arch}`"
+        serves = "ATOM's class" if m.atom_wins else "the host's own class"
+        ratio = f"{m.ratio:.2f}"
+        source = f"[{m.results}]({m.results})" if m.results.startswith("bench/") else m.results
+        lines.append(f"| {takeover.HOSTS[m.host]} | {takeover.platform_name(m.platform)} | {arch} | {serves} | {ratio} | "
+                     f"{m.detail}; {source} |")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
+    "takeover": takeover_table,
     "models": models_table, "core-pins": core_pins_table, "vllm": vllm_table, "h200": h200_table,
     "vllm-e2e": vllm_e2e_table, "sglang": sglang_table, "releases": releases_table,
 }
@@ -399,8 +420,8 @@ def _module(section: str, body: str) -> str:
 
 def vllm_pins(pins: dict) -> str:
     fields = ("distribution", "version", "torch", "transformers")
-    rows = "".join(f"    {{{', '.join(f'{f!r}: {e[f]!r}' for f in fields)},\n     'checks': {tuple(e.get('checks', ()))!r}}},\n"
-                   for e in pins["vllm"])
+    rows = "".join(f"    {{{', '.join(f'{f!r}: {e[f]!r}' for f in fields)},\n     'checks': {tuple(e.get('checks', ()))!r}, "
+                   f"'serve': {e['serve']!r}}},\n" for e in pins["vllm"])
     return _module("vllm", f"TESTED = (\n{rows})\n")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from atom_core import cli
-from atom_core.env import env_flag
+from atom_core.env import env_flag, env_items
 from atom_core.errors import UsageError
 
 NAME = "ATOM_TEST_SWITCH"
@@ -79,3 +79,14 @@ def test_check_environment_checks_every_switch(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(UsageError, match="asks for 'triton' on cpu"):
         check_environment("cpu")  # but triton cannot run CPU tensors without the interpreter
+
+
+@pytest.mark.parametrize("value, items", [("", ()), (" , ", ()), ("a", ("a",)), (" a, b ,,c", ("a", "b", "c"))])
+def test_items(monkeypatch, value, items):
+    monkeypatch.setenv(NAME, value)
+    assert env_items(NAME) == items
+
+
+def test_items_unset(monkeypatch):
+    monkeypatch.delenv(NAME, raising=False)
+    assert env_items(NAME) == ()

@@ -48,15 +48,23 @@ PUBLISH_PLACEMENT: ByRelease = ByRelease("the launcher's placement at publish", 
 })
 
 
-def run_fresh(code: str, *, external_package: str | None = PACKAGE, timeout: int = 600) -> dict:
-    """Run ``code`` in a new interpreter; it must print one JSON object as its last stdout line."""
-    env = dict(os.environ)
-    env.pop("SGLANG_EXTERNAL_MODEL_PACKAGE", None)
+def run_fresh(code: str, *, external_package: str | None = PACKAGE, timeout: int = 600,
+              env: dict[str, str | None] | None = None, stderr: list[str] | None = None) -> dict:
+    """Run ``code`` in a new interpreter; it must print one JSON object as its last stdout line.  ``env``: variables
+    to set, or to unset with None; ``stderr``: a list the process's stderr is appended to."""
+    full_env = dict(os.environ)
+    full_env.pop("SGLANG_EXTERNAL_MODEL_PACKAGE", None)
     if external_package is not None:
-        env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = external_package
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+        full_env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = external_package
+    for key, value in (env or {}).items():
+        full_env.pop(key, None)
+        if value is not None:
+            full_env[key] = value
+    result = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"subprocess failed ({result.returncode}):\n{result.stderr[-6000:]}")
+    if stderr is not None:
+        stderr.append(result.stderr)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

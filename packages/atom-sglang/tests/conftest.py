@@ -19,6 +19,10 @@ HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
 # As a user launches SGLang: the variable is set before SGLang's model registry is first imported (it is
 # read then, once per process).  Tests that need it unset run in a fresh subprocess (_sglang_env.run_fresh).
 os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "atom_sglang.models"
+# These tests check ATOM's classes inside SGLang, which on the CPU are not the default (do no harm: SGLang keeps its
+# own class where ATOM has no measured fast path, atom_core.takeover): forced on here and in every process the tests
+# start.  Tests of the default unset it for themselves.
+os.environ["ATOM_TAKE_OVER"] = "all"
 # SGLang keeps the GDN conv state in bf16 unless told otherwise, whatever the model's dtype; the fp32 parity
 # tests keep it in fp32 (the SSM state is fp32 by default).
 os.environ["SGLANG_MAMBA_CONV_DTYPE"] = "float32"
@@ -27,6 +31,7 @@ REQUIRED = os.environ.get("ATOM_SGLANG_REQUIRED") == "1"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "sglang: needs an installed SGLang")
+    config.addinivalue_line("markers", "server: SGLang's OpenAI server on the demo model (the newest SGLang session only)")
 
 
 def pytest_collection_modifyitems(config, items):

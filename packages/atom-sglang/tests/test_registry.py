@@ -80,3 +80,36 @@ def test_sglang_sees_each_architectures_kind(resolution):
 def test_strict_import_of_the_package(resolution):
     """SGLang imports external packages non-strictly (errors are only logged); strict must pass too."""
     assert resolution["strict"] == dict.fromkeys(catalog.ARCHITECTURES, "atom_sglang.models.catalog")
+
+
+DEFAULT = """
+import json
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils import configure_logger
+configure_logger(ServerArgs(model_path="dummy"))  # SGLang's own logging set-up, as each of its processes does first
+from sglang.srt.models.registry import ModelRegistry, import_model_classes
+
+archs, package = json.loads(%r)
+out = {"registry": {arch: ModelRegistry.resolve_model_cls([arch])[0].__module__ for arch in archs},
+       "package": sorted(import_model_classes(package, strict=True))}
+print(json.dumps(out))
+"""
+
+
+def test_do_no_harm_by_default():
+    """Without ATOM_TAKE_OVER, on a platform where ATOM has no measured fast path (this CPU), the package exports no
+    class for an architecture SGLang has (every catalog architecture, in every supported release), so SGLang resolves
+    each to its own, and SGLang's log (its own logging set-up) names them and why; ATOM_TAKE_OVER=Arch forces one."""
+    archs = sorted(catalog.ARCHITECTURES)
+    stderr: list[str] = []
+    default = run_fresh(DEFAULT % json.dumps([archs, PACKAGE]), env={"ATOM_TAKE_OVER": None}, stderr=stderr)
+    assert default["package"] == []
+    for arch, module in default["registry"].items():
+        assert module.startswith("sglang.srt.models."), f"{arch} resolved to {module} without ATOM_TAKE_OVER"
+    (line,) = [x for x in stderr[0].splitlines() if "atom-sglang: SGLang's own classes serve, in SGLang on CPU:" in x]
+    assert line.startswith("[") and ", ".join(catalog.ARCHITECTURES) in line and "ATOM_TAKE_OVER=all" in line, line
+
+    forced = run_fresh(DEFAULT % json.dumps([archs, PACKAGE]), env={"ATOM_TAKE_OVER": "Qwen3ForCausalLM"})
+    assert forced["package"] == ["Qwen3ForCausalLM"]
+    assert forced["registry"]["Qwen3ForCausalLM"] == "atom_sglang.models.catalog"
+    assert all(m.startswith("sglang.srt.models.") for a, m in forced["registry"].items() if a != "Qwen3ForCausalLM")

@@ -130,6 +130,34 @@ def test_every_catalog_architecture_is_served_or_refused(monkeypatch, caplog):
         assert issubclass(classes[name], catalog.get(name).model_class())
 
 
+@pytest.mark.parametrize("platform, switch, expected", [
+    ("cpu", None, []), ("cuda", None, []), ("cpu", "Qwen3ForCausalLM", ["Qwen3ForCausalLM"]),
+    ("cpu", "none", []), ("cpu", "all", list(catalog.ARCHITECTURES)),
+])
+def test_entry_classes_do_no_harm(monkeypatch, caplog, platform, switch, expected):
+    """Only the architectures ATOM takes over (atom_core.takeover) get a class; one SGLang has no class of its own
+    for is ATOM's whatever the switch; a log line names the rest as SGLang's own."""
+    import logging
+
+    from atom_sglang import compat
+
+    ours = catalog.ArchSpec("OnlyAtomForCausalLM", "atom_core.models.llama:Qwen3ForCausalLM", "only", "t:C", "only")
+    monkeypatch.setitem(catalog.ARCHITECTURES, ours.name, ours)
+    monkeypatch.setattr(compat, "platform", lambda: platform)
+    monkeypatch.setattr(compat, "own_architectures", lambda: frozenset(catalog.ARCHITECTURES) - {ours.name})
+    if switch is None:
+        monkeypatch.delenv("ATOM_TAKE_OVER")
+    else:
+        monkeypatch.setenv("ATOM_TAKE_OVER", switch)
+    with caplog.at_level(logging.INFO, logger="atom_sglang.wrapper"):
+        names = [cls.__name__ for cls in entry_classes(__name__)]
+    assert sorted(names) == sorted(set(expected) | {ours.name})
+    lines = [r.getMessage() for r in caplog.records if "classes serve" in r.getMessage()]
+    own = [a for a in catalog.ARCHITECTURES if a not in names]
+    if own:
+        assert any(line.startswith("atom-sglang: SGLang's own classes serve") and ", ".join(own) in line for line in lines)
+
+
 def test_wrapper_class_needs_the_multimodal_hooks_of_the_atom_model():
     """A multimodal catalog entry whose ATOM class lacks embed_multimodal gets no half-working wrapper."""
     spec = catalog.ArchSpec("FakeVLForConditionalGeneration", "atom_core.models.llama:Qwen3ForCausalLM", "fake", "t:C",

@@ -66,7 +66,7 @@ def test_backend_registered_refuses_and_matches_dense_attention_on_vllm_cpu(prob
 
 
 @pytest.mark.construct
-def test_models_built_with_the_backend_selected(tiny_models, probe):
+def test_models_built_with_the_backend_selected(every_architecture_built, tiny_models, probe):
     dirs = [tiny_models[a] for a in (*SERVED, LATENT)]
     built = probe("construct", dirs, attention_backend="CUSTOM", errors="yes")
     for arch, result in zip((*SERVED, LATENT), built):

@@ -5,7 +5,8 @@ the checkpoint's, each attention layer is vLLM's (its MLA layer for latent atten
 layer a vLLM mamba-state layer, registered under its layer name, and a hybrid model's state shapes/dtypes/copy
 functions are the ones vLLM's own implementation of the architecture declares on the same config.
 Architectures the installed vLLM cannot build on the CPU (conftest's ``CPU_LIMITS``) are left out, and a
-test skips naming them."""
+test skips naming them.  A release whose ci/pins.toml entry says ``construct = "family"`` builds one architecture per
+catalog family (conftest's ``construct_architectures``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import runnable, skip_unrunnable
+from conftest import construct_architectures, runnable, skip_unrunnable
 from test_plugin import assert_served_by_atom
 
 from atom_core import catalog
@@ -41,9 +42,16 @@ def expected_forward_context(arch: str, params: list[str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def cpu_models(tiny_models) -> dict[str, str]:
-    """``tiny_models`` that the installed vLLM can construct on the CPU."""
-    return runnable("construct", tiny_models)
+def construct_models(tiny_models) -> dict[str, str]:
+    """The architectures this session builds (conftest's ``construct_architectures``: every served one, or one per
+    catalog family)."""
+    return {arch: tiny_models[arch] for arch in construct_architectures()}
+
+
+@pytest.fixture(scope="module")
+def cpu_models(construct_models) -> dict[str, str]:
+    """``construct_models`` that the installed vLLM can construct on the CPU."""
+    return runnable("construct", construct_models)
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +118,10 @@ def test_fused_layer_exclusions_as_the_native_build(qkv_excluded_fp8, constructe
     assert r["spot_checks"]["equal"] > 0 and r["spot_checks"]["different"] == [], r["spot_checks"]
 
 
-def test_every_served_architecture_constructed_or_named(tiny_models, cpu_models):
-    """The served architectures are those constructed above plus those this vLLM cannot build on the CPU; the
+def test_every_served_architecture_constructed_or_named(construct_models, cpu_models):
+    """The architectures to build are those constructed above plus those this vLLM cannot build on the CPU; the
     latter skip this test, each with its reason."""
-    skip_unrunnable("construct", tiny_models, cpu_models)
+    skip_unrunnable("construct", construct_models, cpu_models)
 
 
 def test_hybrid_state_contract(constructed):
@@ -190,7 +198,7 @@ def break_checkpoint(model: Path, case: str) -> None:
         shard.write_bytes((0x4141414141414141).to_bytes(8, "little") + data[8:])
 
 
-def test_bad_checkpoint_fails_with_atoms_message(tiny_models, probe, tmp_path):
+def test_bad_checkpoint_fails_with_atoms_message(every_architecture_built, tiny_models, probe, tmp_path):
     """A checkpoint ATOM's loader refuses fails under vLLM's loader with ATOM's one-line CheckpointError naming
     the tensor and the dtypes (an int32 tensor where a float weight belongs), or the file vLLM's own safetensors
     reader could not open (truncated; a garbage header length), not a host traceback about a copy or a header."""

@@ -1,11 +1,14 @@
 """vLLM's plugin and registry contract, checked in fresh subprocesses against the installed vLLM:
 entry point discovery, registration of every served catalog architecture (string form, cheap, no CUDA),
-the off switches, resolution to ATOM's classes with the right capability flags, and that a broken install
+the off switches, do no harm (without ATOM_TAKE_OVER vLLM keeps its own class where ATOM has no measured fast path,
+and vLLM's log says which class serves each architecture), resolution to ATOM's classes with the right capability
+flags, and that a broken install
 is a failure rather than a silent fallback to vLLM's own model."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,35 +18,52 @@ from pathlib import Path
 import pytest
 from conftest import served_architectures
 
-from atom_core import catalog
+from atom_core import catalog, takeover
+from atom_core.takeover import platform_name
 from atom_vllm.capabilities import expected_flags
 
 pytestmark = pytest.mark.plugin
 
 REGISTRY_SCRIPT = """
-import json, sys
+import json, os, sys
+import vllm.logger
+if hasattr(vllm.logger, "configure_logging"):  # 0.32+: vLLM's servers configure its logging from their arguments
+    from vllm.config.logging import LoggingConfig
+    vllm.logger.configure_logging(LoggingConfig())  # (before 0.32 importing vllm.logger did)
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm import ModelRegistry
 import torch
-entries = {}
-for arch in sys.argv[1:]:
-    entry = ModelRegistry.models.get(arch)
-    entries[arch] = [getattr(entry, "module_name", None), getattr(entry, "class_name", None)]
-print(json.dumps({
-    "entries": entries,
-    "imported": sorted(m for m in ("atom_vllm.models", "atom_core.models", "atom_core.models.llama", "atom_kernels")
-                       if m in sys.modules),
-    "cuda_initialized": torch.cuda.is_initialized(),
-}))
+
+def entries():
+    return {arch: [getattr(e, "module_name", None), getattr(e, "class_name", None)]
+            for arch in sys.argv[1:] for e in [ModelRegistry.models.get(arch)]}
+
+state = {"entries": entries(),
+         "imported": sorted(m for m in ("atom_vllm.models", "atom_core.models", "atom_core.models.llama", "atom_kernels")
+                            if m in sys.modules),
+         "cuda_initialized": torch.cuda.is_initialized()}
+if then := os.environ.get("ATOM_TEST_THEN_TAKE_OVER"):  # the plugin once more in this process, with another switch
+    from atom_vllm import plugin
+    os.environ["ATOM_TAKE_OVER"] = then
+    plugin._registered = None
+    plugin.register()
+    state["then"] = entries()
+from atom_vllm.compat import platform
+print("ATOM_REGISTRY " + json.dumps(state | {"platform": platform()}))
 """
 
 
-def registry_state() -> dict:
+def registry_state(**env: str | None) -> dict:
+    """The registry after vLLM loads its plugins in a fresh process (``env``: variables to set, or to unset with
+    None); ``log``: that process's output, where vLLM's logging configuration writes its log."""
     archs = list(catalog.ARCHITECTURES)
-    proc = subprocess.run([sys.executable, "-c", REGISTRY_SCRIPT, *archs], capture_output=True, text=True, timeout=300)
+    full_env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    proc = subprocess.run([sys.executable, "-c", REGISTRY_SCRIPT, *archs], capture_output=True, text=True, timeout=300,
+                          env=full_env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("ATOM_REGISTRY ")]
+    return json.loads(line.split(" ", 1)[1]) | {"log": proc.stdout + proc.stderr}
 
 
 def assert_served_by_atom(results: list[dict]) -> None:
@@ -65,6 +85,43 @@ def test_load_general_plugins_registers_strings_cheaply():
         assert state["entries"][arch] == ["atom_vllm.models", arch], arch
     assert state["imported"] == []
     assert state["cuda_initialized"] is False
+    assert f"ATOM's classes serve, in vLLM on {platform_name(state['platform'])}: " in state["log"]
+
+
+def vllm_own(entry: list[str | None]) -> bool:
+    """A registry entry of vLLM's own class (its models moved from vllm.model_executor.models to vllm.models)."""
+    return (entry[0] or "").startswith("vllm.")
+
+
+def test_do_no_harm_by_default(monkeypatch):
+    """Without ATOM_TAKE_OVER, on a platform where ATOM has no measured fast path (this CPU), vLLM keeps its own class
+    for every architecture it has one of (all catalog architectures, in every supported release), and vLLM's own log
+    (its handler, its format) says so once, naming each architecture and why; then (same process, the plugin again)
+    ATOM_TAKE_OVER=Arch forces that one only."""
+    one = served_architectures()[0]
+    monkeypatch.delenv("ATOM_TAKE_OVER")
+    state = registry_state(ATOM_TEST_THEN_TAKE_OVER=one)
+    decisions = takeover.decide_all("vllm", state["platform"], served_architectures(), catalog.ARCHITECTURES)
+    assert not any(d.atom for d in decisions), "a row of atom_core.takeover makes ATOM take over on this platform"
+    for arch in served_architectures():
+        assert vllm_own(state["entries"][arch]), f"{arch} is served by {state['entries'][arch]} without ATOM_TAKE_OVER"
+    line = next(x for x in state["log"].splitlines() if "vLLM's own classes serve" in x)  # the first registration's
+    assert line.startswith("(") and " INFO " in line, f"not vLLM's log format: {line}"  # (process pid=N) INFO ...
+    assert ", ".join(served_architectures()) in line and "ATOM_TAKE_OVER=all" in line, line
+
+    assert state["then"][one] == ["atom_vllm.models", one]
+    assert all(vllm_own(state["then"][a]) for a in served_architectures() if a != one)
+    assert f"ATOM's classes serve, in vLLM on {platform_name(state['platform'])}: {one} (forced by ATOM_TAKE_OVER)" \
+        in state["log"]
+
+
+def test_take_over_value_that_names_no_architecture_stops_startup(plugin_loading, monkeypatch):
+    """The plugin's UsageError propagates out of vLLM's plugin loading, naming the variable and the value."""
+    from atom_core.errors import UsageError
+
+    monkeypatch.setenv("ATOM_TAKE_OVER", "Llama")
+    with pytest.raises(UsageError, match="ATOM_TAKE_OVER=Llama: Llama is not a catalog architecture"):
+        plugin_loading.load_general_plugins()
 
 
 @pytest.fixture

@@ -35,14 +35,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
                             seed=args.seed, ignore_eos=args.ignore_eos)
     device = resolve_device(args.device)
     check_environment(device.type)  # the kernel backends asked for can run there
+    model_dir = Path(args.model)
     text = text_config(load_hf_config(args.model))
     tokenizer = None
     if args.chat and args.prompt is None:
         raise UsageError("--chat applies the checkpoint's chat template to --prompt text, not to --prompt-token-ids")
     if args.prompt is not None:
-        tokenizer = _tokenizer(Path(args.model))
-        texts = _chat_texts(Path(args.model), args.prompt) if args.chat else args.prompt
-        prompts = [tokenizer.encode(p, add_special_tokens=not args.chat).ids for p in texts]
+        tokenizer = _tokenizer(model_dir)
+        # the chat template by default where the checkpoint has one (--no-chat: the text as it is)
+        chat = args.chat if args.chat is not None else has_chat_template(model_dir)
+        texts = _chat_texts(model_dir, args.prompt) if chat else args.prompt
+        prompts = [tokenizer.encode(p, add_special_tokens=not chat).ids for p in texts]
     else:
         prompts = args.prompt_token_ids
     check_prompts(prompts, text.vocab_size, getattr(text, "max_position_embeddings", None), params.max_new_tokens)
@@ -50,14 +53,47 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     cuda_graphs=args.cuda_graphs)
     if args.image:
         prompts = _image_prompts(runner, args.image, prompts)
-    outputs = runner.generate(prompts, params)
-    for out in outputs:
-        if args.json:
+    if args.json:
+        for out in runner.generate(prompts, params):
             print(json.dumps({"token_ids": out.token_ids, "logprobs": out.logprobs}))
-        else:
-            text = tokenizer.decode(out.token_ids) if tokenizer is not None else " ".join(map(str, out.token_ids))
-            print(text)
+    elif len(prompts) == 1 and sys.stdout.isatty():  # a terminal: the text as it is generated
+        stream = TextStream(tokenizer, sys.stdout)
+        runner.generate(prompts, params, on_token=lambda _, token: stream.add(token))
+        stream.end()
+    else:
+        for out in runner.generate(prompts, params):
+            print(TextStream(tokenizer).text(out.token_ids))
     return 0
+
+
+class TextStream:
+    """The text of a growing list of token ids, written as it grows: each new token's text is what decoding the whole
+    list adds (a multi-byte character split over tokens is held back until complete).  Without a tokenizer (token-id
+    prompts) the ids, space-separated."""
+
+    def __init__(self, tokenizer, out=None):
+        self.tokenizer, self.out = tokenizer, out
+        self.token_ids: list[int] = []
+        self.written = ""
+
+    def text(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(map(str, token_ids))
+        return self.tokenizer.decode(token_ids)
+
+    def add(self, token: int) -> None:
+        self.token_ids.append(token)
+        text = self.text(self.token_ids)
+        if text.endswith("\ufffd") or not text.startswith(self.written):
+            return  # an incomplete character, or a re-segmented tail: wait for the next token
+        self.out.write(text[len(self.written):])
+        self.out.flush()
+        self.written = text
+
+    def end(self) -> None:
+        text = self.text(self.token_ids)
+        self.out.write((text[len(self.written):] if text.startswith(self.written) else "") + "\n")
+        self.out.flush()
 
 
 def _image_prompts(runner, paths: list[str], prompts: list[list[int]]):
@@ -88,6 +124,17 @@ def _tokenizer(model_dir: Path):
                               f"{' '.join(str(err).split())}") from None
 
 
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")  # transformers' own files; else tokenizer_config.json
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """Whether the checkpoint carries a chat template, where transformers keeps one."""
+    if any((model_dir / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        return True
+    config = model_dir / "tokenizer_config.json"
+    return config.is_file() and bool(json.loads(config.read_text()).get("chat_template"))
+
+
 def _chat_texts(model_dir: Path, prompts: list[str]) -> list[str]:
     """Each prompt as one user turn through the checkpoint's chat template (rendered by transformers' tokenizer,
     which never runs checkpoint code and reads only files inside the checkpoint)."""
@@ -103,7 +150,7 @@ def _chat_texts(model_dir: Path, prompts: list[str]) -> list[str]:
         raise CheckpointError(f"{model_dir}: transformers cannot load its tokenizer (for --chat): "
                               f"{' '.join(str(err).split())}") from err
     if not tokenizer.chat_template:
-        raise UsageError(f"{model_dir} has no chat template (--chat)")
+        raise UsageError(f"{model_dir} has no chat template (--chat; --no-chat gives the text as it is)")
     try:
         return [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                               tokenize=False) for p in prompts]
@@ -129,6 +176,7 @@ def cmd_env(args: argparse.Namespace) -> int:
         "rocm": torch.version.hip is not None,
         "kernel_backends": atom_kernels.describe(device),
         "architectures": catalog.supported(),
+        "take_over": take_over_table(device),
     }
     for name in ("triton", "transformers", "safetensors", "aiter", "vllm", "sglang"):
         try:
@@ -146,6 +194,18 @@ def cmd_env(args: argparse.Namespace) -> int:
             else:
                 print(f"{key:<22} {value}")
     return 0
+
+
+def take_over_table(device: str) -> dict[str, str]:
+    """atom_core.takeover's decision for each host on this machine's platform, for every catalog architecture (as if
+    the host had its own class of each, as the supported releases do): which class serves it and why."""
+    from atom_core import catalog, takeover
+
+    platform = takeover.ROCM if device == "cuda" and torch.version.hip is not None else device
+    return {f"{takeover.HOSTS[host]} on {takeover.platform_name(platform)}":
+            " | ".join(takeover.summary(host, platform, takeover.decide_all(host, platform, catalog.ARCHITECTURES,
+                                                                             catalog.ARCHITECTURES)))
+            for host in takeover.HOSTS}
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> int:
@@ -195,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help='one {"token_ids", "logprobs"} object per prompt')
     gen.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                      help="replay decode steps from CUDA graphs captured per batch-size bucket (default: on a GPU)")
-    gen.add_argument("--chat", action="store_true", help="each --prompt as a user turn through the chat template")
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                     help="each --prompt as a user turn through the checkpoint's chat template (default: where it has "
+                          "one); --no-chat: the text as it is, a continuation")
     gen.set_defaults(func=cmd_generate)
 
     env = sub.add_parser("env", help="versions, device, and the kernel backend each op resolves to")

@@ -1,4 +1,5 @@
-"""ATOM's environment switches: one rule for the boolean ones, and one check of all of them at start.
+"""ATOM's environment switches (``ATOM_DEBUG``, ``ATOM_TAKE_OVER``, ``ATOM_KERNEL_BACKEND``, ...): one rule for each
+kind, and one check of all of them at start.
 
 :func:`env_flag` reads a boolean switch (``ATOM_DEBUG``, ``ATOM_DISABLE_VLLM_PLUGIN``, ...).
 :func:`check_environment` checks every switch ATOM reads (:data:`BOOLEAN_SWITCHES`, :data:`CHOICE_SWITCHES`,
@@ -28,6 +29,8 @@ BOOLEAN_SWITCHES = {
 # switches that take one of a few values
 CHOICE_SWITCHES = {"ATOM_MXFP4_LAYOUT": ("auto", "rows")}
 KERNEL_BACKEND = "ATOM_KERNEL_BACKEND"  # parsed and checked by atom_kernels.dispatch
+TAKE_OVER_ENV = "ATOM_TAKE_OVER"  # which architectures ATOM's classes take over from a host (atom_core.takeover)
+ALL, NONE = "all", "none"
 
 
 def env_flag(name: str) -> bool:
@@ -57,6 +60,7 @@ def check_environment(device_type: str | None = None) -> None:
         env_flag(name)
     for name in CHOICE_SWITCHES:
         env_choice(name)
+    env_take_over()
     value = os.environ.get(KERNEL_BACKEND)
     if value is not None:
         from atom_kernels import dispatch
@@ -65,3 +69,27 @@ def check_environment(device_type: str | None = None) -> None:
             dispatch.check_override(value, device_type)
         except ValueError as err:
             raise UsageError(str(err)) from None
+
+
+def env_items(name: str) -> tuple[str, ...]:
+    """The comma-separated items of ``name`` (``ATOM_TAKE_OVER=Qwen3ForCausalLM,LlamaForCausalLM``), each stripped of
+    spaces, empty ones dropped; ``()`` when it is unset or empty. What the items may be is the reader's to check."""
+    return tuple(item.strip() for item in os.environ.get(name, "").split(",") if item.strip())
+
+
+def env_take_over() -> str | frozenset[str] | None:
+    """``ATOM_TAKE_OVER`` read: None (unset: :mod:`atom_core.takeover`'s table decides), ``"all"``, ``"none"``, or a set
+    of catalog architectures.  Any other value is a :class:`UsageError` naming the variable and the item."""
+    items = env_items(TAKE_OVER_ENV)
+    if not items:
+        return None
+    lowered = [item.lower() for item in items]
+    if len(items) == 1 and lowered[0] in (ALL, NONE):
+        return lowered[0]
+    from atom_core import catalog
+
+    unknown = [item for item in items if item not in catalog.ARCHITECTURES]
+    if unknown:
+        raise UsageError(f"{TAKE_OVER_ENV}={','.join(items)}: {', '.join(unknown)} is not a catalog architecture; use "
+                         f"'{ALL}', '{NONE}' or a comma-separated list of: {', '.join(catalog.ARCHITECTURES)}")
+    return frozenset(items)

@@ -6,7 +6,8 @@
 For each model a random-weight checkpoint of the real shape (few layers, :data:`atom_core.bench.MODELS`) is written
 once in bf16 and in each other format of ``--formats``; ``--checkpoint NAME=DIR`` adds a checkpoint as it is.  Then
 one ``python -m sglang.launch_server`` process per implementation serves it: ``sglang`` with SGLang's own classes,
-``atom`` with ``SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models`` in that server's environment only.  The servers
+``atom`` with ``SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models`` and ``ATOM_TAKE_OVER=all`` (ATOM's class even
+where atom_core.takeover would keep SGLang's) in that server's environment only.  The servers
 are alive together, each started on a free port once the one before it answers ``/health``, each with an equal
 share of the GPU memory free when the first starts (SGLang measures ``--mem-fraction-static`` against the memory
 free when that server starts, so the n-th of them gets ``share / (1 - n * share)``), and they take turns: every
@@ -65,7 +66,7 @@ from atom_core.bench import (
 )
 
 EXTERNAL_PACKAGE = "SGLANG_EXTERNAL_MODEL_PACKAGE"
-IMPLS: dict[str, dict[str, str]] = {"sglang": {}, "atom": {EXTERNAL_PACKAGE: "atom_sglang.models"}}
+IMPLS: dict[str, dict[str, str]] = {"sglang": {}, "atom": {EXTERNAL_PACKAGE: "atom_sglang.models", "ATOM_TAKE_OVER": "all"}}
 SERVED_BY = "atom-sglang: SGLang builds "  # atom_sglang.wrapper's log line when SGLang builds an ATOM class
 FORMATS = ("bf16", "fp8-block", "ptpc-fp8", "mxfp4")  # bf16 as written; the rest through atom quantize
 DEFAULT_SERVER_ARGS = "--attention-backend triton --sampling-backend pytorch"

@@ -70,6 +70,37 @@ class UnsupportedSGLangVersion(RuntimeError):
     pass
 
 
+def platform() -> str:
+    """The platform as atom_core.takeover names it, decided as SGLang decides it in each of its processes
+    (``sglang.srt.utils.is_hip`` / ``is_cuda``: torch's build and ``torch.cuda.is_available()``): ``rocm``, ``cuda``,
+    else ``cpu``."""
+    import torch
+
+    if torch.version.hip is not None:
+        return "rocm"
+    return "cuda" if torch.version.cuda is not None and torch.cuda.is_available() else "cpu"
+
+
+@functools.lru_cache(maxsize=1)
+def own_architectures() -> frozenset[str]:
+    """The model classes SGLang ships (``class Name`` at the top level of ``sglang/srt/models/*.py``), read as text:
+    importing those modules is what SGLang defers (0.5.21+), and its registry is what is importing this package
+    (every catalog architecture is among them in 0.5.17 - 0.5.23)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("sglang.srt.models")
+    except ModuleNotFoundError:  # no SGLang: no class of its own
+        spec = None
+    names: set[str] = set()
+    for directory in (spec.submodule_search_locations or ()) if spec else ():
+        for path in Path(directory).glob("*.py"):
+            names.update(re.findall(r"^class (\w+)\b", path.read_text(errors="replace"), re.MULTILINE))
+    return frozenset(names)
+
+
 @functools.lru_cache(maxsize=1)
 def installed_version() -> Version | None:
     """The installed SGLang release (from its distribution metadata; SGLang itself is not imported)."""

@@ -5,7 +5,9 @@ against the range atom-sglang supports (ci/pins.toml, shipped as ``_pins.py``). 
 whatever a plugin raises, so the refusal is also logged as an explicit error line, and the model
 classes check again when SGLang builds them (that error is not swallowed).
 
-Choosing ATOM's models stays the user's decision: ``SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models``.  So does
+Choosing ATOM's models stays the user's decision: ``SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models``; even then
+ATOM's class serves an architecture only where atom_core.takeover measured a fast path on the platform (do no harm),
+unless ``ATOM_TAKE_OVER`` forces it (the package's import logs which class serves each architecture).  So does
 ATOM's attention backend: the plugin registers it in SGLang's attention-backend registry and adds ``atom`` to the
 ``--attention-backend`` choices (:mod:`atom_sglang.attention_backend`); SGLang's default backend is unchanged.
 """

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from atom_core import catalog
+from atom_core import catalog, takeover
 from atom_core.build import build_model
 from atom_core.catalog import ArchSpec
 from atom_core.config import text_config
@@ -205,13 +205,19 @@ def wrapper_class(spec: ArchSpec, module: str) -> type:
 
 
 def entry_classes(module: str) -> list[type]:
-    """One class per catalog architecture: the wrapper when atom-sglang can serve it, else a class that
-    refuses to build (:func:`refusing_class`), named in an error line at import.  Every catalog architecture
-    is therefore ATOM's or an explicit error — never a silent fallback to SGLang's own or Transformers
-    implementation while the user asked for ATOM's."""
+    """One class per catalog architecture ATOM takes over (:mod:`atom_core.takeover`: do no harm): the wrapper when
+    atom-sglang can serve it, else a class that refuses to build (:func:`refusing_class`), named in an error line at
+    import.  An architecture ATOM does not take over gets no class here, so SGLang resolves it to its own (0.5.21+
+    imports its built-in models when an architecture is missing from the external package; before, they are all
+    registered and the external ones overwrite them).  A line in SGLang's log names the class that serves each
+    architecture and why, once per process that imports this package (the launcher and each scheduler)."""
     _, skipped = capabilities.plan()
+    platform = compat.platform()
+    decisions = takeover.decide_all("sglang", platform, catalog.ARCHITECTURES, compat.own_architectures())
+    for line in takeover.summary("sglang", platform, decisions):
+        logger.info("atom-sglang: %s", line)
     classes = []
-    for name in catalog.ARCHITECTURES:
+    for name in (d.arch for d in decisions if d.atom):
         why = skipped.get(name)
         if why is None:
             try:

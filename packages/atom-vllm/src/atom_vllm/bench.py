@@ -24,8 +24,9 @@ implementation that ran first.
   a long prompt and one output token profile prefill), beside that run's wall time and its count of
   CUDA-graph and kernel launches from the host (GPU idle time and eager launches show as a gap between the two).
 
-The implementation is chosen with atom-vllm's own switch (``ATOM_DISABLE_VLLM_PLUGIN=1`` gives vLLM's
-classes); the engine's module is recorded so a row cannot silently measure the wrong one.
+The implementation is chosen with atom-vllm's own switches (``ATOM_DISABLE_VLLM_PLUGIN=1`` gives vLLM's
+classes, ``ATOM_TAKE_OVER=all`` ATOM's whatever atom_core.takeover's table says); the engine's module is recorded so a row
+cannot silently measure the wrong one.
 
 ``--attention-backends default,FLASH_ATTN,TRITON_ATTN,CUSTOM`` runs each implementation once per vLLM attention
 backend (``--attention-backend``; ``default`` is vLLM's own choice, ``CUSTOM`` ATOM's paged-attention backend,
@@ -72,7 +73,8 @@ _TRITON_GDN = {"additional_config": {"gdn_prefill_backend": "triton"}}
 ENGINE_ARGS: dict[str, dict] = {"qwen3-next-80b-a3b": _TRITON_GDN,
                                 "qwen3.5-35b-a3b": {**_TRITON_GDN, "language_model_only": True}}
 FORMATS = ("bf16", "fp8-block", "ptpc-fp8", "mxfp4")  # bf16 as written; the rest through atom quantize
-IMPLS: dict[str, dict[str, str]] = {"vllm": {"ATOM_DISABLE_VLLM_PLUGIN": "1"}, "atom": {"ATOM_DISABLE_VLLM_PLUGIN": "0"}}
+IMPLS: dict[str, dict[str, str]] = {"vllm": {"ATOM_DISABLE_VLLM_PLUGIN": "1"},
+                                    "atom": {"ATOM_DISABLE_VLLM_PLUGIN": "0", "ATOM_TAKE_OVER": "all"}}
 # every engine: llm.apply_model ships a function to the worker (vLLM refuses pickled callables otherwise)
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 

@@ -42,11 +42,24 @@ def check_vllm_version(version: str | None = None) -> str:
         f"vLLM's own models, or {ALLOW_UNSUPPORTED_ENV}=1 to try ATOM's anyway."
     )
     if env_flag(ALLOW_UNSUPPORTED_ENV):
-        import logging
+        from atom_vllm.plugin import vllm_logger
 
-        logging.getLogger(__name__).warning("%s (continuing: %s is set)", message, ALLOW_UNSUPPORTED_ENV)
+        vllm_logger().warning("%s (continuing: %s is set)", message, ALLOW_UNSUPPORTED_ENV)
         return version
     raise UnsupportedVllmVersion(message)
+
+
+def platform() -> str:
+    """vLLM's platform as atom_core.takeover names platforms: ``cuda``, ``rocm``, ``cpu``, else vLLM's device type
+    (e.g. ``tpu``; empty when vLLM found none).  vLLM resolves ``current_platform`` once per process, without
+    initialising CUDA (NVML), the same way in each of its processes; ``is_cuda``/``is_rocm``/``is_cpu`` exist in every
+    supported release."""
+    from vllm.platforms import current_platform
+
+    for name, check in (("cuda", "is_cuda"), ("rocm", "is_rocm"), ("cpu", "is_cpu")):
+        if getattr(current_platform, check)():
+            return name
+    return str(getattr(current_platform, "device_type", "") or "")
 
 
 def _at_least(version: str, since: str) -> bool:
@@ -150,9 +163,9 @@ def register_custom_attention_backend(class_path: str) -> bool:
 
     slot = AttentionBackendEnum.CUSTOM
     if slot.is_overridden() and slot.get_path() != class_path:
-        import logging
+        from atom_vllm.plugin import vllm_logger
 
-        logging.getLogger(__name__).warning(
+        vllm_logger().warning(
             "vLLM's CUSTOM attention backend is already %s; ATOM's (%s) is not registered", slot.get_path(), class_path)
         return False
     register_backend(slot, class_path)

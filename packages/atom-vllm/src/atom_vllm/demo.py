@@ -1,8 +1,8 @@
-"""The demo model served by vLLM with ATOM's plugin: ``python -m atom_vllm.demo DIR`` (the checkpoint
-`atom fetch-demo DIR` writes) builds vLLM's offline ``LLM`` on it, prints the model class vLLM built (ATOM's,
-through the plugin) and the text it generates greedily for a continuation and a chat prompt. With
-``--against-own`` it then runs vLLM's own class on the same checkpoint (plugin off, another process) and fails
-unless both produce the same greedy tokens."""
+"""The demo model served by vLLM with ATOM's plugin: ``python -m atom_vllm.demo DIR`` (the checkpoint `atom fetch-demo
+DIR` writes) builds vLLM's offline ``LLM`` on it, prints the model class vLLM built (ATOM's, through the plugin,
+forced with ``ATOM_TAKE_OVER=all``: on a CPU vLLM keeps its own class by default) and the text it generates greedily
+for a continuation and a chat prompt. With ``--against-own`` it then runs vLLM's own class on the same checkpoint
+(plugin off, another process) and fails unless both produce the same greedy tokens."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 PROMPT = "The capital of France is"
+TAKE_OVER_ENV = "ATOM_TAKE_OVER"  # atom_core.takeover's switch (not imported: this module imports nothing of ATOM's)
 QUESTION = "What is the capital of France?"
 
 
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against-own", action="store_true", help="also run vLLM's own class; fail unless tokens agree")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the --against-own child's output
     args = parser.parse_args(argv)
+    if not args.json:  # the ATOM run; the --against-own child runs with the plugin off
+        os.environ[TAKE_OVER_ENV] = "all"
     out = run(args.model, args.dtype, args.max_new_tokens)
     if args.json:
         print("ATOM_DEMO_JSON " + json.dumps(out))

@@ -20,6 +20,7 @@ from atom_core.errors import UnsupportedConfigError
 from atom_vllm.capabilities import missing, mixins, plan, vllm_bases
 from atom_vllm.compilation import compiles, support_torch_compile
 from atom_vllm.host import VllmHost
+from atom_vllm.plugin import vllm_logger
 
 
 class VllmModelAdapter:
@@ -39,6 +40,7 @@ class VllmModelAdapter:
                               spec=self.atom_spec)
         self.host = [host]  # a list keeps the host out of the module tree
         self.checkpoint_dir = vllm_config.model_config.model  # names a file vLLM's reader cannot open (atom_core.loader)
+        vllm_logger().info("vLLM builds ATOM's %s (%s)", self.atom_spec.name, self.atom_spec.model)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.atom_class.embed_input_ids(self, input_ids)

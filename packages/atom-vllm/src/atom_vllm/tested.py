@@ -19,6 +19,7 @@ class TestedRelease:
     torch: str
     transformers: str
     checks: tuple[str, ...]
+    serve: str = "vllm serve"  # the command line that starts vLLM's OpenAI server, before the model directory
 
     @property
     def label(self) -> str:
@@ -54,7 +55,8 @@ def release_of(version: str | Version) -> Version | None:
 
 def _from_entries(entries: list[dict]) -> tuple[TestedRelease, ...]:
     return tuple(
-        TestedRelease(e["distribution"], e["version"], e["torch"], e["transformers"], tuple(e.get("checks", ())))
+        TestedRelease(e["distribution"], e["version"], e["torch"], e["transformers"], tuple(e.get("checks", ())),
+                      e.get("serve", "vllm serve"))
         for e in entries
     )
 

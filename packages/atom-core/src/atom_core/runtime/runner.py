@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,8 +207,10 @@ class Runner:
             self._release(seqs)
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[Sequence[int] | Prompt], params: SamplingParams | None = None
-                 ) -> list[GenerationOutput]:
+    def generate(self, prompts: Sequence[Sequence[int] | Prompt], params: SamplingParams | None = None,
+                 on_token: Callable[[int, int], None] | None = None) -> list[GenerationOutput]:
+        """Generate for every prompt at once; ``on_token(prompt_index, token)`` is called for each token as it is
+        sampled (streaming), before the outputs are returned."""
         params = params or SamplingParams()
         prompt_inputs = [as_prompt(p) for p in prompts]
         prompts = [p.token_ids for p in prompt_inputs]
@@ -238,6 +240,8 @@ class Runner:
                     out = outputs[i]
                     out.token_ids.append(token)
                     out.logprobs.append(logprob)
+                    if on_token is not None:
+                        on_token(i, token)
                     if not params.ignore_eos and token in self.eos_token_ids:
                         out.finish_reason = "stop"
                     elif len(out.token_ids) >= params.max_new_tokens:
