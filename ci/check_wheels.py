@@ -36,7 +36,7 @@ def check_atom_vllm(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         shipped = {}
         exec(zf.read("atom_vllm/_pins.py").decode(), shipped)
-    fields = ("distribution", "version", "torch", "transformers")
+    fields = ("distribution", "version", "torch", "transformers", "serve")
     pinned = [{f: e[f] for f in fields} | {"checks": tuple(e["checks"])}
               for e in tomllib.loads((ROOT / "ci" / "pins.toml").read_text())["vllm"]]
     assert list(shipped["TESTED"]) == pinned, "atom_vllm/_pins.py differs from ci/pins.toml [[vllm]]"
