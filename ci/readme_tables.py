@@ -55,8 +55,17 @@ def models_table(pins: dict) -> str:
 
 
 def core_pins_table(pins: dict) -> str:
-    lines = ["| package | tested version |", "|---|---|"]
-    lines += [f"| {name} | {version} |" for name, version in pins["core"].items()]
+    """[core] (what `nox -s tests` pins) beside [newest] (what `nox -s newest` last resolved from PyPI)."""
+    newest = pins.get("newest", {})
+    lines = [f"| package | pinned (`nox -s tests`) | newest on PyPI (`nox -s newest`; last run {newest.get('checked', '—')}) |",
+             "|---|---|---|"]
+    lines += [f"| {name} | {version} | {newest.get(name, 'the same' if name == 'python' else '—')} |"
+              for name, version in pins["core"].items()]
+    known = newest.get("known_failures", [])
+    if known:
+        lines += ["", f"Known breaks on the newest releases ({sum(len(k['tests']) for k in known)} tests, xfail in "
+                      "`nox -s newest`, listed in `ci/pins.toml`):"]
+        lines += [f"- {k['reason']}: {len(k['tests'])} tests" for k in known]
     return "\n".join(lines)
 
 
