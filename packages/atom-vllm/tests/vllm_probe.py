@@ -184,12 +184,14 @@ def _checkpoint(model_dir: str) -> dict:
     return state
 
 
-def _spot_checks(params: dict, state: dict) -> dict:
-    """Loaded parameters against the checkpoint: every parameter stored under its own name and shape is
-    equal to it, or (layers that repack their rows at load, e.g. Qwen3-Next's in_proj_qkvz) a row
-    permutation of it; and the fused q|k|v projection of the first full-attention layer."""
+def _spot_checks(params: dict, state: dict, rename) -> dict:
+    """Loaded parameters against the checkpoint: every parameter stored under its own name (the checkpoint's,
+    through the model's renames: Kimi-K2.5's published names are not ATOM's) and shape is equal to it, or (layers
+    that repack their rows at load, e.g. Qwen3-Next's in_proj_qkvz) a row permutation of it; and the fused q|k|v
+    projection of the first full-attention layer."""
     import torch
 
+    state = {rename(name): tensor for name, tensor in state.items()}
     checks: dict = {"equal": 0, "row_permuted": [], "different": []}
     for name, p in params.items():
         if name not in state or state[name].shape != p.shape:
@@ -263,27 +265,19 @@ def _state_contract(model, model_config, vllm_config) -> dict:
     return out
 
 
-def _multimodal_checks(model, model_dir: str) -> dict:
-    """The multimodal path of the wrapper as vLLM drives it, against transformers on the same checkpoint
-    (random pixels: preprocessing is vLLM's processor, not under test): ``embed_multimodal`` on vLLM's
-    batched kwargs (two images, then a two-frame video), ``embed_input_ids`` merging them at the
-    placeholders, the DeepStack features handed to the next ``forward`` (padded to more tokens, then
-    cleared), and ``get_mrope_input_positions`` from per-item features given out of prompt order.
-    Returns the largest differences and what the forward received."""
+def _qwen_vl_inputs(model, gen):
+    """Qwen-VL's processor output (images under ``pixel_values`` / ``image_grid_thw``, videos under
+    ``pixel_values_videos`` / ``video_grid_thw``: flattened patches) for a prompt of text, image 0, text, a two-frame
+    video (timestamp text before each frame), text, image 1."""
     import types
 
     import torch
-    from vllm.model_executor.models.interfaces import supports_mrope, supports_multimodal
 
-    if not supports_multimodal(model):
-        return {}
     config = model.config
     vc = config.vision_config
     merge, patch = vc.spatial_merge_size, vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
-    gen = torch.Generator().manual_seed(0)
     grids = {"image": torch.tensor([[1, 4, 6], [1, 2, 2]]), "video": torch.tensor([[2, 4, 4]])}
     pixels = {k: torch.randn(int(g.prod(-1).sum()), patch, generator=gen) for k, g in grids.items()}
-    # prompt: text, image 0, text, video (timestamp text before each frame), text, image 1
     token = {"image": config.image_token_id, "video": config.video_token_id}
     ids, features = [5, 6, 7], []
 
@@ -302,36 +296,92 @@ def _multimodal_checks(model, model_dir: str) -> dict:
     place("video", grids["video"][0])
     ids.append(10)
     place("image", grids["image"][1])
-    input_ids = torch.tensor(ids)
-    is_mm = (input_ids == token["image"]) | (input_ids == token["video"])
 
+    def reference(hf):  # per item in embed_multimodal's order: main | deepstack levels
+        refs = (hf.model.get_image_features(pixels["image"], grids["image"]),
+                hf.model.get_video_features(pixels["video"], grids["video"]))
+        return [torch.cat([main, *(level[i] for level in (getattr(ref, "deepstack_features", None) or []))], dim=-1)
+                for ref in refs for i, main in enumerate(ref.pooler_output)]
+
+    def rope_index(hf, input_ids):
+        types_ = (input_ids == token["image"]).int() + 2 * (input_ids == token["video"]).int()
+        return hf.model.get_rope_index(input_ids[None], types_[None], image_grid_thw=grids["image"],
+                                       video_grid_thw=grids["video"].clone())
+
+    return types.SimpleNamespace(
+        kwargs={"pixel_values": pixels["image"], "image_grid_thw": grids["image"],
+                "pixel_values_videos": pixels["video"], "video_grid_thw": grids["video"]},
+        ids=ids, placeholders=set(token.values()), prompt_order=[0, 2, 1], features=features, reference=reference,
+        rope_index=rope_index)
+
+
+def _vision_chunk_inputs(model, gen):
+    """Kimi-K2.5's processor output (its ``vision_chunk`` modality: ``pixel_values`` ``[patches, 3, P, P]`` in raster
+    order and ``grid_thws``) for a prompt of text, image 0, text, image 1, text; each image's placeholder run is its
+    merged patch count of the media token, as vLLM's prompt replacement expands it."""
+    import types
+
+    import torch
+
+    patch, merge, token = model.config.vision_config.patch_size, model.spatial_merge_size, model.image_token_id
+    grids = torch.tensor([[1, 4, 6], [1, 2, 2]])
+    pixels = torch.randn(int(grids.prod(-1).sum()), 3, patch, patch, generator=gen)
+    runs = [[token] * (int(g.prod()) // merge**2) for g in grids]
+    ids = [5, 6, 7, *runs[0], 8, 9, *runs[1], 10]
+
+    def reference(hf):
+        return list(hf.model.get_image_features(pixels, grids).pooler_output)
+
+    return types.SimpleNamespace(kwargs={"pixel_values": pixels, "grid_thws": grids}, ids=ids, placeholders={token},
+                                 prompt_order=[0, 1], features=[], reference=reference, rope_index=None)
+
+
+# architecture -> the inputs its vLLM processor hands the model (Qwen-VL's unless named)
+MULTIMODAL_INPUTS = {"KimiK25ForConditionalGeneration": _vision_chunk_inputs}
+
+
+def _multimodal_checks(model, model_dir: str) -> dict:
+    """The multimodal path of the wrapper as vLLM drives it, against transformers on the same checkpoint
+    (random pixels: preprocessing is vLLM's processor, not under test): ``embed_multimodal`` on the kwargs vLLM's
+    processor of the architecture produces (``MULTIMODAL_INPUTS``: Qwen-VL's two images and a two-frame video,
+    Kimi-K2.5's two images as vision chunks), ``embed_input_ids`` merging them at the placeholders, the DeepStack
+    features handed to the next ``forward`` (padded to more tokens, then cleared), and, with MRoPE,
+    ``get_mrope_input_positions`` from per-item features given out of prompt order.
+    Returns the largest differences and what the forward received."""
+    import types
+
+    import torch
+    from vllm.model_executor.models.interfaces import supports_mrope, supports_multimodal
+
+    if not supports_multimodal(model):
+        return {}
     from atom_core import catalog
 
-    hf_class = catalog.get(type(model).atom_spec.name).hf_model_class()
-    hf = hf_class.from_pretrained(model_dir, dtype=torch.float32).eval()
+    arch = type(model).atom_spec.name
+    case = MULTIMODAL_INPUTS.get(arch, _qwen_vl_inputs)(model, torch.Generator().manual_seed(0))
+    ids = case.ids
+    input_ids = torch.tensor(ids)
+    is_mm = torch.isin(input_ids, torch.tensor(sorted(case.placeholders)))
+    hf = catalog.get(arch).hf_model_class().from_pretrained(model_dir, dtype=torch.float32).eval()
+    hidden = model.config.get_text_config().hidden_size
     out: dict = {}
     with torch.inference_mode():
-        items = model.embed_multimodal(pixel_values=pixels["image"], image_grid_thw=grids["image"],
-                                       pixel_values_videos=pixels["video"], video_grid_thw=grids["video"])
-        ref_img = hf.model.get_image_features(pixels["image"], grids["image"])
-        ref_vid = hf.model.get_video_features(pixels["video"], grids["video"])
-        hidden = config.text_config.hidden_size
-        levels = len(getattr(ref_img, "deepstack_features", None) or [])
+        items = model.embed_multimodal(**case.kwargs)
+        ref_items = case.reference(hf)
+        levels = ref_items[0].shape[-1] // hidden - 1
         out["deepstack_levels"] = levels
-        ref_items = [torch.cat([main, *(level[i] for level in (getattr(ref, "deepstack_features", None) or []))], dim=-1)
-                     for ref in (ref_img, ref_vid) for i, main in enumerate(ref.pooler_output)]
         out["items"] = [list(t.shape) for t in items]
-        out["items_max_diff"] = max((a - b).abs().max().item() for a, b in zip(items, ref_items))
-        # vLLM hands the items back in prompt order: image 0, video, image 1
-        ordered = [items[0], items[2], items[1]]
+        out["items_max_diff"] = max((a - b).abs().max().item() for a, b in zip(items, ref_items, strict=True))
+        # vLLM hands the items back in prompt order
+        ordered = [items[i] for i in case.prompt_order]
+        ref_ordered = torch.cat([ref_items[i] for i in case.prompt_order])
         embeds = model.embed_input_ids(input_ids, ordered, is_multimodal=is_mm)
-        ref_embeds = hf.model.get_input_embeddings()(input_ids)
-        ref_embeds[is_mm] = torch.cat([ref_items[0], ref_items[2], ref_items[1]])[:, :hidden]
+        ref_embeds = hf.model.get_input_embeddings()(input_ids.masked_fill(is_mm, 0))
+        ref_embeds[is_mm] = ref_ordered[:, :hidden]
         out["embeds_max_diff"] = (embeds - ref_embeds).abs().max().item()
         dense = torch.zeros(levels, len(ids) + 3, hidden)
         if levels:
-            dense[:, : len(ids)][:, is_mm] = torch.cat([ref_items[0], ref_items[2], ref_items[1]])[:, hidden:].view(
-                int(is_mm.sum()), levels, hidden).transpose(0, 1)
+            dense[:, : len(ids)][:, is_mm] = ref_ordered[:, hidden:].view(int(is_mm.sum()), levels, hidden).transpose(0, 1)
         received = []  # the DeepStack input of each forward, copied at the call (the wrapper's buffer is reused)
 
         def atom_forward(self, input_ids, positions, inputs_embeds, deepstack=None):
@@ -350,13 +400,13 @@ def _multimodal_checks(model, model_dir: str) -> dict:
             "max_diff": (first.embeds - dense).abs().max().item()}
         out["deepstack_second_forward"] = received[1] is not None
         out["supports_mrope"] = bool(supports_mrope(model))
-        shuffled = [features[2], features[0], features[1]]
-        positions, delta = model.get_mrope_input_positions(ids, shuffled)
-        types_ = (input_ids == token["image"]).int() + 2 * (input_ids == token["video"]).int()
-        want, want_delta = hf.model.get_rope_index(input_ids[None], types_[None], image_grid_thw=grids["image"],
-                                                   video_grid_thw=grids["video"].clone())
-        out["positions_equal"] = bool(torch.equal(positions, want[:, 0]))
-        out["delta"] = [int(delta), int(want_delta)]
+        if case.rope_index is not None and out["supports_mrope"]:
+            features = case.features
+            shuffled = [features[2], features[0], features[1]]
+            positions, delta = model.get_mrope_input_positions(ids, shuffled)
+            want, want_delta = case.rope_index(hf, input_ids)
+            out["positions_equal"] = bool(torch.equal(positions, want[:, 0]))
+            out["delta"] = [int(delta), int(want_delta)]
     return out
 
 
@@ -422,7 +472,7 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
             "qualname": type(model).__qualname__, "params": sorted(params), "returned": sorted(returned),
             "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
             "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
-            "spot_checks": _spot_checks(params, _checkpoint(model_dir)), "state_contract": state_contract,
+            "spot_checks": _spot_checks(params, _checkpoint(model_dir), model.mapper().rename), "state_contract": state_contract,
             "multimodal": multimodal, "attention_layers": _attention_layers(model),
             "linear_methods": _linear_methods(model),
             "seconds": round(seconds, 2), "wall_seconds": round(time.perf_counter() - began, 2),
