@@ -4,6 +4,7 @@ every check sees a fresh process (vLLM loads plugins once per process) with its 
     python vllm_probe.py resolve   --out F DIR...   registry: resolved class + inspection flags per checkpoint
     python vllm_probe.py construct --out F DIR...   forced-CPU construction + vLLM's weight loading
     python vllm_probe.py generate  --out F [--prompts JSON] [--max-tokens N] [--tensor-parallel-size N]
+                                    [--images JSON] [--engine-process inproc|spawn]
                                     DIR[@DTYPE[@SSM_DTYPE]]...
                                     LLM.generate, greedy (DTYPE: the model's dtype, float32 unless given;
                                     SSM_DTYPE: vLLM's mamba_ssm_cache_dtype, "auto" unless given)
@@ -150,12 +151,6 @@ def _selecting_cpu_platform() -> None:
         f"[vllm.platform_plugins]\natom_test_selecting_cpu = {SELECTING_PLATFORM_MODULE}:activate\n")
     sys.path.insert(0, str(root))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
-
-
-def _attention_layers(model) -> dict:
-    """Each vLLM attention layer of the model -> ``"backend.module.Class / ImplClass"``."""
-    return {name: f"{m.attn_backend.__module__}.{m.attn_backend.__qualname__} / {type(m.impl).__name__}"
-            for name, m in model.named_modules() if hasattr(m, "impl") and hasattr(m, "attn_backend")}
 
 
 _distributed = False
@@ -421,6 +416,7 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
         _force_cpu_platform()
     _cpu_platform_without_triton()
     import torch
+    from probe_model_calls import attention_layers
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model_loader
@@ -473,7 +469,7 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
             "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
             "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
             "spot_checks": _spot_checks(params, _checkpoint(model_dir), model.mapper().rename), "state_contract": state_contract,
-            "multimodal": multimodal, "attention_layers": _attention_layers(model),
+            "multimodal": multimodal, "attention_layers": attention_layers(model),
             "linear_methods": _linear_methods(model),
             "seconds": round(seconds, 2), "wall_seconds": round(time.perf_counter() - began, 2),
         })
@@ -487,34 +483,47 @@ def _linear_methods(model) -> dict[str, str]:
     return {name: type(m.quant_method).__name__ for name, m in model.named_modules() if isinstance(m, LinearBase)}
 
 
-# Functions apply_model runs on the model: module-level, so that they pickle by name to vLLM's worker processes
-# (TP > 1; each re-imports this file as its __main__).
-def _model_class(model) -> tuple[str, str]:
-    return type(model).__module__, type(model).__qualname__
+def _multimodal_prompt(prompt: list[int], images: dict | None):
+    """``TokensPrompt`` of ``prompt`` with ``images`` (``{"modality", "files"}``): the image files as the modality's
+    items (``vision_chunk``: vLLM's ``VisionChunkImage`` dicts; any other modality: the images)."""
+    from PIL import Image
+    from vllm.inputs import TokensPrompt
 
-
-def _compiled_class(model) -> str:
-    return type(model).__name__ if getattr(model, "compiled", False) else ""
+    if not images:
+        return TokensPrompt(prompt_token_ids=prompt)
+    pictures = [Image.open(f).convert("RGB") for f in images["files"]]
+    if images["modality"] == "vision_chunk":
+        pictures = [{"type": "image", "image": picture, "uuid": None} for picture in pictures]
+    return TokensPrompt(prompt_token_ids=prompt, multi_modal_data={images["modality"]: pictures})
 
 
 def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False,
-             tensor_parallel_size: int = 1, attention_backend: str | None = None) -> list[dict]:
+             tensor_parallel_size: int = 1, attention_backend: str | None = None, images: list | None = None,
+             engine_process: str = "inproc") -> list[dict]:
     """Greedy tokens of each checkpoint; ``compiled``: with vLLM's torch.compile (its default), else eager;
     ``tensor_parallel_size`` > 1: vLLM's tensor parallelism, one worker process per rank; ``attention_backend``:
     vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM` (a checkpoint whose engine refuses to start
-    gives ``{"dir", "error_type", "error"}`` and the next one runs)."""
+    gives ``{"dir", "error_type", "error"}`` and the next one runs).  ``images``: per prompt, None or
+    ``{"modality", "files"}`` (vLLM's tokenizer is then loaded: multimodal processors need it); each result then also
+    has the prompts as vLLM expanded them and the keyword arguments of every ``embed_multimodal`` call.
+    ``engine_process="spawn"``: vLLM's engine core in a spawned process of its own (its default is this process's
+    fork; see test_generate's ``SPAWNED_ENGINE`` for why some models need a fresh one)."""
     if attention_backend:
         _selecting_cpu_platform()
-    # The engine core in this process: no engine-core process start-up (each re-imports vLLM).  At TP=1 its one
-    # worker runs here too; at TP > 1 vLLM's multiprocessing executor spawns a worker per rank, which share the
-    # TP group over torch.distributed (gloo) and vLLM's CPU shared-memory communicator.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if engine_process == "spawn":
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # apply_model sends its functions to that process
+    else:
+        # The engine core in this process: no engine-core process start-up (each re-imports vLLM).  At TP=1 its one
+        # worker runs here too; at TP > 1 vLLM's multiprocessing executor spawns a worker per rank, which share the
+        # TP group over torch.distributed (gloo) and vLLM's CPU shared-memory communicator.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if tensor_parallel_size > 1:
         # vLLM's default ("auto") binds each rank's OpenMP threads to a NUMA node of its own, and asserts there
         # are as many nodes as ranks; a one-node machine runs the ranks unbound (OMP_NUM_THREADS as inherited).
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    from probe_model_calls import attention_layers, compiled_class, model_class, record_multimodal, recorded_multimodal
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     out = []
     for spec in dirs:
@@ -526,7 +535,7 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
             cache["attention_backend"] = attention_backend
         start = time.perf_counter()
         try:
-            llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=not compiled, dtype=dtype,
+            llm = LLM(model=model_dir, skip_tokenizer_init=not images, enforce_eager=not compiled, dtype=dtype,
                       max_model_len=256, max_num_seqs=4, seed=0, tensor_parallel_size=tensor_parallel_size, **cache)
         except Exception as err:
             if not attention_backend:
@@ -535,17 +544,23 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
             _release()
             continue
         started = time.perf_counter() - start
-        classes = llm.apply_model(_model_class)  # one per rank
-        attention = llm.apply_model(_attention_layers)[0]
+        classes = llm.apply_model(model_class)  # one per rank
+        attention = llm.apply_model(attention_layers)[0]
         module, qualname = classes[0]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        compiled_classes = llm.apply_model(_compiled_class)
+        if images:
+            llm.apply_model(record_multimodal)
+        requests = [_multimodal_prompt(p, i) for p, i in zip(prompts, images or [None] * len(prompts), strict=True)]
+        results = llm.generate(requests, params, use_tqdm=False)
+        compiled_classes = llm.apply_model(compiled_class)
         out.append({"dir": model_dir, "dtype": dtype, "module": module, "qualname": qualname,
                     "compiled": bool(compiled_classes[0]), "tensor_parallel_size": tensor_parallel_size,
                     "rank_classes": [".".join(c) for c in classes], "attention_layers": attention,
                     "tokens": [list(r.outputs[0].token_ids) for r in results],
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
+        if images:
+            out[-1]["prompt_token_ids"] = [list(r.prompt_token_ids) for r in results]
+            out[-1]["multimodal_calls"] = llm.apply_model(recorded_multimodal)[0]
         del llm
         _release()
     return out
@@ -572,6 +587,8 @@ def main() -> None:
     parser.add_argument("--errors", choices=["yes", "no"], default="no")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--images", default=None)
+    parser.add_argument("--engine-process", choices=["inproc", "spawn"], default="inproc")
     args = parser.parse_args()
     if args.command == "resolve":
         result = resolve(args.dirs, inspect=args.inspect == "yes")
@@ -583,7 +600,8 @@ def main() -> None:
         result = check_backend()
     else:
         result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes",
-                          tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend)
+                          tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend,
+                          images=json.loads(args.images) if args.images else None, engine_process=args.engine_process)
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 
