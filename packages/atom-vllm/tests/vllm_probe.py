@@ -4,6 +4,7 @@ every check sees a fresh process (vLLM loads plugins once per process) with its 
     python vllm_probe.py resolve   --out F DIR...   registry: resolved class + inspection flags per checkpoint
     python vllm_probe.py construct --out F DIR...   forced-CPU construction + vLLM's weight loading
     python vllm_probe.py generate  --out F [--prompts JSON] [--max-tokens N] [--tensor-parallel-size N]
+                                    [--images JSON] [--engine-process inproc|spawn]
                                     DIR[@DTYPE[@SSM_DTYPE]]...
                                     LLM.generate, greedy (DTYPE: the model's dtype, float32 unless given;
                                     SSM_DTYPE: vLLM's mamba_ssm_cache_dtype, "auto" unless given)
@@ -152,12 +153,6 @@ def _selecting_cpu_platform() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
 
 
-def _attention_layers(model) -> dict:
-    """Each vLLM attention layer of the model -> ``"backend.module.Class / ImplClass"``."""
-    return {name: f"{m.attn_backend.__module__}.{m.attn_backend.__qualname__} / {type(m.impl).__name__}"
-            for name, m in model.named_modules() if hasattr(m, "impl") and hasattr(m, "attn_backend")}
-
-
 _distributed = False
 
 
@@ -184,12 +179,14 @@ def _checkpoint(model_dir: str) -> dict:
     return state
 
 
-def _spot_checks(params: dict, state: dict) -> dict:
-    """Loaded parameters against the checkpoint: every parameter stored under its own name and shape is
-    equal to it, or (layers that repack their rows at load, e.g. Qwen3-Next's in_proj_qkvz) a row
-    permutation of it; and the fused q|k|v projection of the first full-attention layer."""
+def _spot_checks(params: dict, state: dict, rename) -> dict:
+    """Loaded parameters against the checkpoint: every parameter stored under its own name (the checkpoint's,
+    through the model's renames: Kimi-K2.5's published names are not ATOM's) and shape is equal to it, or (layers
+    that repack their rows at load, e.g. Qwen3-Next's in_proj_qkvz) a row permutation of it; and the fused q|k|v
+    projection of the first full-attention layer."""
     import torch
 
+    state = {rename(name): tensor for name, tensor in state.items()}
     checks: dict = {"equal": 0, "row_permuted": [], "different": []}
     for name, p in params.items():
         if name not in state or state[name].shape != p.shape:
@@ -263,27 +260,19 @@ def _state_contract(model, model_config, vllm_config) -> dict:
     return out
 
 
-def _multimodal_checks(model, model_dir: str) -> dict:
-    """The multimodal path of the wrapper as vLLM drives it, against transformers on the same checkpoint
-    (random pixels: preprocessing is vLLM's processor, not under test): ``embed_multimodal`` on vLLM's
-    batched kwargs (two images, then a two-frame video), ``embed_input_ids`` merging them at the
-    placeholders, the DeepStack features handed to the next ``forward`` (padded to more tokens, then
-    cleared), and ``get_mrope_input_positions`` from per-item features given out of prompt order.
-    Returns the largest differences and what the forward received."""
+def _qwen_vl_inputs(model, gen):
+    """Qwen-VL's processor output (images under ``pixel_values`` / ``image_grid_thw``, videos under
+    ``pixel_values_videos`` / ``video_grid_thw``: flattened patches) for a prompt of text, image 0, text, a two-frame
+    video (timestamp text before each frame), text, image 1."""
     import types
 
     import torch
-    from vllm.model_executor.models.interfaces import supports_mrope, supports_multimodal
 
-    if not supports_multimodal(model):
-        return {}
     config = model.config
     vc = config.vision_config
     merge, patch = vc.spatial_merge_size, vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
-    gen = torch.Generator().manual_seed(0)
     grids = {"image": torch.tensor([[1, 4, 6], [1, 2, 2]]), "video": torch.tensor([[2, 4, 4]])}
     pixels = {k: torch.randn(int(g.prod(-1).sum()), patch, generator=gen) for k, g in grids.items()}
-    # prompt: text, image 0, text, video (timestamp text before each frame), text, image 1
     token = {"image": config.image_token_id, "video": config.video_token_id}
     ids, features = [5, 6, 7], []
 
@@ -302,36 +291,92 @@ def _multimodal_checks(model, model_dir: str) -> dict:
     place("video", grids["video"][0])
     ids.append(10)
     place("image", grids["image"][1])
-    input_ids = torch.tensor(ids)
-    is_mm = (input_ids == token["image"]) | (input_ids == token["video"])
 
+    def reference(hf):  # per item in embed_multimodal's order: main | deepstack levels
+        refs = (hf.model.get_image_features(pixels["image"], grids["image"]),
+                hf.model.get_video_features(pixels["video"], grids["video"]))
+        return [torch.cat([main, *(level[i] for level in (getattr(ref, "deepstack_features", None) or []))], dim=-1)
+                for ref in refs for i, main in enumerate(ref.pooler_output)]
+
+    def rope_index(hf, input_ids):
+        types_ = (input_ids == token["image"]).int() + 2 * (input_ids == token["video"]).int()
+        return hf.model.get_rope_index(input_ids[None], types_[None], image_grid_thw=grids["image"],
+                                       video_grid_thw=grids["video"].clone())
+
+    return types.SimpleNamespace(
+        kwargs={"pixel_values": pixels["image"], "image_grid_thw": grids["image"],
+                "pixel_values_videos": pixels["video"], "video_grid_thw": grids["video"]},
+        ids=ids, placeholders=set(token.values()), prompt_order=[0, 2, 1], features=features, reference=reference,
+        rope_index=rope_index)
+
+
+def _vision_chunk_inputs(model, gen):
+    """Kimi-K2.5's processor output (its ``vision_chunk`` modality: ``pixel_values`` ``[patches, 3, P, P]`` in raster
+    order and ``grid_thws``) for a prompt of text, image 0, text, image 1, text; each image's placeholder run is its
+    merged patch count of the media token, as vLLM's prompt replacement expands it."""
+    import types
+
+    import torch
+
+    patch, merge, token = model.config.vision_config.patch_size, model.spatial_merge_size, model.image_token_id
+    grids = torch.tensor([[1, 4, 6], [1, 2, 2]])
+    pixels = torch.randn(int(grids.prod(-1).sum()), 3, patch, patch, generator=gen)
+    runs = [[token] * (int(g.prod()) // merge**2) for g in grids]
+    ids = [5, 6, 7, *runs[0], 8, 9, *runs[1], 10]
+
+    def reference(hf):
+        return list(hf.model.get_image_features(pixels, grids).pooler_output)
+
+    return types.SimpleNamespace(kwargs={"pixel_values": pixels, "grid_thws": grids}, ids=ids, placeholders={token},
+                                 prompt_order=[0, 1], features=[], reference=reference, rope_index=None)
+
+
+# architecture -> the inputs its vLLM processor hands the model (Qwen-VL's unless named)
+MULTIMODAL_INPUTS = {"KimiK25ForConditionalGeneration": _vision_chunk_inputs}
+
+
+def _multimodal_checks(model, model_dir: str) -> dict:
+    """The multimodal path of the wrapper as vLLM drives it, against transformers on the same checkpoint
+    (random pixels: preprocessing is vLLM's processor, not under test): ``embed_multimodal`` on the kwargs vLLM's
+    processor of the architecture produces (``MULTIMODAL_INPUTS``: Qwen-VL's two images and a two-frame video,
+    Kimi-K2.5's two images as vision chunks), ``embed_input_ids`` merging them at the placeholders, the DeepStack
+    features handed to the next ``forward`` (padded to more tokens, then cleared), and, with MRoPE,
+    ``get_mrope_input_positions`` from per-item features given out of prompt order.
+    Returns the largest differences and what the forward received."""
+    import types
+
+    import torch
+    from vllm.model_executor.models.interfaces import supports_mrope, supports_multimodal
+
+    if not supports_multimodal(model):
+        return {}
     from atom_core import catalog
 
-    hf_class = catalog.get(type(model).atom_spec.name).hf_model_class()
-    hf = hf_class.from_pretrained(model_dir, dtype=torch.float32).eval()
+    arch = type(model).atom_spec.name
+    case = MULTIMODAL_INPUTS.get(arch, _qwen_vl_inputs)(model, torch.Generator().manual_seed(0))
+    ids = case.ids
+    input_ids = torch.tensor(ids)
+    is_mm = torch.isin(input_ids, torch.tensor(sorted(case.placeholders)))
+    hf = catalog.get(arch).hf_model_class().from_pretrained(model_dir, dtype=torch.float32).eval()
+    hidden = model.config.get_text_config().hidden_size
     out: dict = {}
     with torch.inference_mode():
-        items = model.embed_multimodal(pixel_values=pixels["image"], image_grid_thw=grids["image"],
-                                       pixel_values_videos=pixels["video"], video_grid_thw=grids["video"])
-        ref_img = hf.model.get_image_features(pixels["image"], grids["image"])
-        ref_vid = hf.model.get_video_features(pixels["video"], grids["video"])
-        hidden = config.text_config.hidden_size
-        levels = len(getattr(ref_img, "deepstack_features", None) or [])
+        items = model.embed_multimodal(**case.kwargs)
+        ref_items = case.reference(hf)
+        levels = ref_items[0].shape[-1] // hidden - 1
         out["deepstack_levels"] = levels
-        ref_items = [torch.cat([main, *(level[i] for level in (getattr(ref, "deepstack_features", None) or []))], dim=-1)
-                     for ref in (ref_img, ref_vid) for i, main in enumerate(ref.pooler_output)]
         out["items"] = [list(t.shape) for t in items]
-        out["items_max_diff"] = max((a - b).abs().max().item() for a, b in zip(items, ref_items))
-        # vLLM hands the items back in prompt order: image 0, video, image 1
-        ordered = [items[0], items[2], items[1]]
+        out["items_max_diff"] = max((a - b).abs().max().item() for a, b in zip(items, ref_items, strict=True))
+        # vLLM hands the items back in prompt order
+        ordered = [items[i] for i in case.prompt_order]
+        ref_ordered = torch.cat([ref_items[i] for i in case.prompt_order])
         embeds = model.embed_input_ids(input_ids, ordered, is_multimodal=is_mm)
-        ref_embeds = hf.model.get_input_embeddings()(input_ids)
-        ref_embeds[is_mm] = torch.cat([ref_items[0], ref_items[2], ref_items[1]])[:, :hidden]
+        ref_embeds = hf.model.get_input_embeddings()(input_ids.masked_fill(is_mm, 0))
+        ref_embeds[is_mm] = ref_ordered[:, :hidden]
         out["embeds_max_diff"] = (embeds - ref_embeds).abs().max().item()
         dense = torch.zeros(levels, len(ids) + 3, hidden)
         if levels:
-            dense[:, : len(ids)][:, is_mm] = torch.cat([ref_items[0], ref_items[2], ref_items[1]])[:, hidden:].view(
-                int(is_mm.sum()), levels, hidden).transpose(0, 1)
+            dense[:, : len(ids)][:, is_mm] = ref_ordered[:, hidden:].view(int(is_mm.sum()), levels, hidden).transpose(0, 1)
         received = []  # the DeepStack input of each forward, copied at the call (the wrapper's buffer is reused)
 
         def atom_forward(self, input_ids, positions, inputs_embeds, deepstack=None):
@@ -350,13 +395,13 @@ def _multimodal_checks(model, model_dir: str) -> dict:
             "max_diff": (first.embeds - dense).abs().max().item()}
         out["deepstack_second_forward"] = received[1] is not None
         out["supports_mrope"] = bool(supports_mrope(model))
-        shuffled = [features[2], features[0], features[1]]
-        positions, delta = model.get_mrope_input_positions(ids, shuffled)
-        types_ = (input_ids == token["image"]).int() + 2 * (input_ids == token["video"]).int()
-        want, want_delta = hf.model.get_rope_index(input_ids[None], types_[None], image_grid_thw=grids["image"],
-                                                   video_grid_thw=grids["video"].clone())
-        out["positions_equal"] = bool(torch.equal(positions, want[:, 0]))
-        out["delta"] = [int(delta), int(want_delta)]
+        if case.rope_index is not None and out["supports_mrope"]:
+            features = case.features
+            shuffled = [features[2], features[0], features[1]]
+            positions, delta = model.get_mrope_input_positions(ids, shuffled)
+            want, want_delta = case.rope_index(hf, input_ids)
+            out["positions_equal"] = bool(torch.equal(positions, want[:, 0]))
+            out["delta"] = [int(delta), int(want_delta)]
     return out
 
 
@@ -371,6 +416,7 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
         _force_cpu_platform()
     _cpu_platform_without_triton()
     import torch
+    from probe_model_calls import attention_layers
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model_loader
@@ -422,8 +468,8 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
             "qualname": type(model).__qualname__, "params": sorted(params), "returned": sorted(returned),
             "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
             "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
-            "spot_checks": _spot_checks(params, _checkpoint(model_dir)), "state_contract": state_contract,
-            "multimodal": multimodal, "attention_layers": _attention_layers(model),
+            "spot_checks": _spot_checks(params, _checkpoint(model_dir), model.mapper().rename), "state_contract": state_contract,
+            "multimodal": multimodal, "attention_layers": attention_layers(model),
             "linear_methods": _linear_methods(model),
             "seconds": round(seconds, 2), "wall_seconds": round(time.perf_counter() - began, 2),
         })
@@ -437,34 +483,47 @@ def _linear_methods(model) -> dict[str, str]:
     return {name: type(m.quant_method).__name__ for name, m in model.named_modules() if isinstance(m, LinearBase)}
 
 
-# Functions apply_model runs on the model: module-level, so that they pickle by name to vLLM's worker processes
-# (TP > 1; each re-imports this file as its __main__).
-def _model_class(model) -> tuple[str, str]:
-    return type(model).__module__, type(model).__qualname__
+def _multimodal_prompt(prompt: list[int], images: dict | None):
+    """``TokensPrompt`` of ``prompt`` with ``images`` (``{"modality", "files"}``): the image files as the modality's
+    items (``vision_chunk``: vLLM's ``VisionChunkImage`` dicts; any other modality: the images)."""
+    from PIL import Image
+    from vllm.inputs import TokensPrompt
 
-
-def _compiled_class(model) -> str:
-    return type(model).__name__ if getattr(model, "compiled", False) else ""
+    if not images:
+        return TokensPrompt(prompt_token_ids=prompt)
+    pictures = [Image.open(f).convert("RGB") for f in images["files"]]
+    if images["modality"] == "vision_chunk":
+        pictures = [{"type": "image", "image": picture, "uuid": None} for picture in pictures]
+    return TokensPrompt(prompt_token_ids=prompt, multi_modal_data={images["modality"]: pictures})
 
 
 def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False,
-             tensor_parallel_size: int = 1, attention_backend: str | None = None) -> list[dict]:
+             tensor_parallel_size: int = 1, attention_backend: str | None = None, images: list | None = None,
+             engine_process: str = "inproc") -> list[dict]:
     """Greedy tokens of each checkpoint; ``compiled``: with vLLM's torch.compile (its default), else eager;
     ``tensor_parallel_size`` > 1: vLLM's tensor parallelism, one worker process per rank; ``attention_backend``:
     vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM` (a checkpoint whose engine refuses to start
-    gives ``{"dir", "error_type", "error"}`` and the next one runs)."""
+    gives ``{"dir", "error_type", "error"}`` and the next one runs).  ``images``: per prompt, None or
+    ``{"modality", "files"}`` (vLLM's tokenizer is then loaded: multimodal processors need it); each result then also
+    has the prompts as vLLM expanded them and the keyword arguments of every ``embed_multimodal`` call.
+    ``engine_process="spawn"``: vLLM's engine core in a spawned process of its own (its default is this process's
+    fork; see test_generate's ``SPAWNED_ENGINE`` for why some models need a fresh one)."""
     if attention_backend:
         _selecting_cpu_platform()
-    # The engine core in this process: no engine-core process start-up (each re-imports vLLM).  At TP=1 its one
-    # worker runs here too; at TP > 1 vLLM's multiprocessing executor spawns a worker per rank, which share the
-    # TP group over torch.distributed (gloo) and vLLM's CPU shared-memory communicator.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if engine_process == "spawn":
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # apply_model sends its functions to that process
+    else:
+        # The engine core in this process: no engine-core process start-up (each re-imports vLLM).  At TP=1 its one
+        # worker runs here too; at TP > 1 vLLM's multiprocessing executor spawns a worker per rank, which share the
+        # TP group over torch.distributed (gloo) and vLLM's CPU shared-memory communicator.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if tensor_parallel_size > 1:
         # vLLM's default ("auto") binds each rank's OpenMP threads to a NUMA node of its own, and asserts there
         # are as many nodes as ranks; a one-node machine runs the ranks unbound (OMP_NUM_THREADS as inherited).
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    from probe_model_calls import attention_layers, compiled_class, model_class, record_multimodal, recorded_multimodal
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     out = []
     for spec in dirs:
@@ -476,7 +535,7 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
             cache["attention_backend"] = attention_backend
         start = time.perf_counter()
         try:
-            llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=not compiled, dtype=dtype,
+            llm = LLM(model=model_dir, skip_tokenizer_init=not images, enforce_eager=not compiled, dtype=dtype,
                       max_model_len=256, max_num_seqs=4, seed=0, tensor_parallel_size=tensor_parallel_size, **cache)
         except Exception as err:
             if not attention_backend:
@@ -485,17 +544,23 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
             _release()
             continue
         started = time.perf_counter() - start
-        classes = llm.apply_model(_model_class)  # one per rank
-        attention = llm.apply_model(_attention_layers)[0]
+        classes = llm.apply_model(model_class)  # one per rank
+        attention = llm.apply_model(attention_layers)[0]
         module, qualname = classes[0]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        compiled_classes = llm.apply_model(_compiled_class)
+        if images:
+            llm.apply_model(record_multimodal)
+        requests = [_multimodal_prompt(p, i) for p, i in zip(prompts, images or [None] * len(prompts), strict=True)]
+        results = llm.generate(requests, params, use_tqdm=False)
+        compiled_classes = llm.apply_model(compiled_class)
         out.append({"dir": model_dir, "dtype": dtype, "module": module, "qualname": qualname,
                     "compiled": bool(compiled_classes[0]), "tensor_parallel_size": tensor_parallel_size,
                     "rank_classes": [".".join(c) for c in classes], "attention_layers": attention,
                     "tokens": [list(r.outputs[0].token_ids) for r in results],
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
+        if images:
+            out[-1]["prompt_token_ids"] = [list(r.prompt_token_ids) for r in results]
+            out[-1]["multimodal_calls"] = llm.apply_model(recorded_multimodal)[0]
         del llm
         _release()
     return out
@@ -522,6 +587,8 @@ def main() -> None:
     parser.add_argument("--errors", choices=["yes", "no"], default="no")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--images", default=None)
+    parser.add_argument("--engine-process", choices=["inproc", "spawn"], default="inproc")
     args = parser.parse_args()
     if args.command == "resolve":
         result = resolve(args.dirs, inspect=args.inspect == "yes")
@@ -533,7 +600,8 @@ def main() -> None:
         result = check_backend()
     else:
         result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes",
-                          tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend)
+                          tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend,
+                          images=json.loads(args.images) if args.images else None, engine_process=args.engine_process)
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 

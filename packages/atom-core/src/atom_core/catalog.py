@@ -33,6 +33,8 @@ class ArchSpec:
     quant_formats: tuple[str, ...] = ()
     tiny: dict[str, Any] = field(default_factory=dict)  # config overrides for `atom make-tiny`
     tiny_preprocessor: dict[str, Any] = field(default_factory=dict)  # its preprocessor_config.json, if any
+    # special tokens its tiny tokenizer spells at these ids: the placeholders a host's processor finds by their text
+    tiny_tokens: dict[str, int] = field(default_factory=dict)
     # (regex, replacement) from the names transformers' ``save_pretrained`` writes to the published checkpoints'
     # names, where its reverse name conversion falls short (applied by ``atom make-tiny``)
     published_names: tuple[tuple[str, str], ...] = ()
@@ -107,6 +109,11 @@ _TINY_KIMI_IMAGES = {
     "image_processor_type": "Kimi_K25ImageProcessor", "patch_size": 8, "merge_size": 2, "max_patches": 256,
     "size": {"max_height": 16, "max_width": 16},  # at most 16 patches a side
     "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    # the same resize as the published checkpoints' media processor spells it (vLLM's Kimi-K2.5 processor reads it)
+    "media_proc_cfg": {"config_type": "media_proc_cfg", "patch_size": 8, "merge_kernel_size": 2, "in_patch_limit": 256,
+                       "patch_limit_on_one_side": 16, "in_patch_limit_each_frame": 256, "in_patch_limit_video": None,
+                       "fixed_output_tokens": None, "temporal_merge_kernel_size": 4,
+                       "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
 }
 # transformers' save_pretrained writes three Kimi-K2.5 names its reverse conversion misses
 _KIMI_PUBLISHED_NAMES = (
@@ -225,6 +232,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             "KimiK25ForConditionalGeneration", "atom_core.models.kimi_k25:KimiK25ForConditionalGeneration", "kimi_k25",
             "transformers:Kimi_K25ForConditionalGeneration", "kimi_k25", capabilities=frozenset({TEXT, MLA, MULTIMODAL}),
             tiny=_TINY_KIMI_K25, tiny_preprocessor=_TINY_KIMI_IMAGES, published_names=_KIMI_PUBLISHED_NAMES,
+            tiny_tokens={"<|media_pad|>": _TINY_KIMI_K25["media_placeholder_token_id"]},
         ),
         ArchSpec(
             "GptOssForCausalLM", "atom_core.models.gpt_oss:GptOssForCausalLM", "gpt_oss",

@@ -28,8 +28,9 @@ every number it computes must match the reference implementation exactly. Hello 
 """
 
 
-def build_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer with at most ``vocab_size`` tokens, ``<|endoftext|>`` among them."""
+def build_tokenizer(vocab_size: int, special_tokens: dict[str, int] | None = None):
+    """A byte-level BPE tokenizer with at most ``vocab_size`` tokens, ``<|endoftext|>`` among them, and each of
+    ``special_tokens`` (text -> id, above the trained vocabulary) at its id (``<|reserved_N|>`` fill the ids between)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -40,6 +41,11 @@ def build_tokenizer(vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tokenizer.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    for text, token_id in sorted((special_tokens or {}).items(), key=lambda item: item[1]):
+        first = tokenizer.get_vocab_size(with_added_tokens=True)
+        if not first <= token_id < vocab_size:
+            raise ValueError(f"special token {text!r} at id {token_id}: ids {first} to {vocab_size - 1} are free")
+        tokenizer.add_special_tokens([f"<|reserved_{i}|>" for i in range(first, token_id)] + [text])
     return tokenizer
 
 
@@ -84,7 +90,7 @@ def make_tiny(arch: str, out_dir: str | Path, *, seed: int = 0, max_shard_size: 
     out = Path(out_dir)
     if max_shard_size is not None:
         max_shard_size = shard_size_bytes(max_shard_size)
-    tokenizer = build_tokenizer(spec.tiny.get("text_config", spec.tiny).get("vocab_size", 512))
+    tokenizer = build_tokenizer(spec.tiny.get("text_config", spec.tiny).get("vocab_size", 512), spec.tiny_tokens)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     config = tiny_config(arch, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, **overrides)
     with staged_dir(out, writer="atom make-tiny", overwrite=overwrite) as tmp:
@@ -130,7 +136,7 @@ def write_processor_files(arch: str, config, out: Path, tokenizer=None) -> None:
     architecture, its tiny image processor's config, into the checkpoint directory ``out``."""
     spec = catalog.get(arch)
     if tokenizer is None:
-        tokenizer = build_tokenizer(spec.tiny.get("text_config", spec.tiny).get("vocab_size", 512))
+        tokenizer = build_tokenizer(spec.tiny.get("text_config", spec.tiny).get("vocab_size", 512), spec.tiny_tokens)
     tokenizer.save(str(Path(out) / "tokenizer.json"))
     (Path(out) / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN,

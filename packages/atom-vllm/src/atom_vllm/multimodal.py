@@ -8,7 +8,10 @@ up when vLLM first asks for them.
 What the atom-core model provides (Qwen3-VL's interface, which the multimodal catalog models share):
 
 * ``embed_multimodal(pixel_values, grid_thw) -> [tokens_i, width]`` per item (image, or video: the tower
-  takes both), the rows vLLM caches per item and hands back for the placeholder tokens;
+  takes both), the rows vLLM caches per item and hands back for the placeholder tokens.  vLLM's processors
+  name the pixels and their patch grids per modality (:data:`PIXEL_INPUTS`): Qwen-VL's ``pixel_values`` with
+  ``image_grid_thw`` and ``pixel_values_videos`` with ``video_grid_thw``; Kimi-K2.5's ``vision_chunk`` modality
+  (images and video chunks alike) ``pixel_values`` with ``grid_thws``;
 * ``embed_input_ids(input_ids, items, is_multimodal)``: token embeddings with the placeholder rows
   replaced;
 * optionally ``deepstack_inputs(items, is_multimodal, dense=True)`` (Qwen3-VL's DeepStack): features added
@@ -31,8 +34,9 @@ from atom_vllm import compat
 
 logger = logging.getLogger(__name__)
 
-# vLLM's multimodal keyword arguments: (pixels, grid) per modality; precomputed embeddings are refused.
-PIXEL_INPUTS = {"pixel_values": "image_grid_thw", "pixel_values_videos": "video_grid_thw"}
+# vLLM's multimodal keyword arguments: pixels -> the names their patch grid has beside them, in the processors of
+# every supported release (one of them is present); precomputed embeddings are refused.
+PIXEL_INPUTS = {"pixel_values": ("image_grid_thw", "grid_thws"), "pixel_values_videos": ("video_grid_thw",)}
 EMBEDDING_INPUTS = ("image_embeds", "video_embeds")
 
 
@@ -84,13 +88,27 @@ class MultimodalModel:
             if kwargs.get(name) is not None:
                 raise UnsupportedConfigError(f"{type(self).__name__}: precomputed {name} are not supported by ATOM's "
                                              "model; pass images/videos")
-        dtype = self._model_dtype
         items: list[torch.Tensor] = []
         for name in kwargs:  # in vLLM's order of modalities
             if name in PIXEL_INPUTS and kwargs[name] is not None:
-                grid = kwargs[PIXEL_INPUTS[name]]
-                items.extend(self.atom_class.embed_multimodal(self, kwargs[name].to(dtype), grid))
+                pixels, grid = self._pixels_and_grid(kwargs, name)
+                items.extend(self.atom_class.embed_multimodal(self, pixels, grid))
         return tuple(items)
+
+    def _pixels_and_grid(self, kwargs: dict[str, Any], name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pixels under ``name`` (one tensor in the model's dtype; vLLM hands items of different shapes as a
+        list) and their ``[items, 3]`` patch grid."""
+        grid_name = next((g for g in PIXEL_INPUTS[name] if kwargs.get(g) is not None), None)
+        if grid_name is None:
+            raise UnsupportedConfigError(f"{type(self).__name__}: {name} came without its patch grid (one of "
+                                         f"{', '.join(PIXEL_INPUTS[name])}); got {sorted(kwargs)}")
+        pixels = kwargs[name]
+        if isinstance(pixels, (list, tuple)):
+            pixels = torch.cat(list(pixels))
+        grid = kwargs[grid_name]
+        if isinstance(grid, (list, tuple)):
+            grid = torch.stack([torch.as_tensor(g) for g in grid])
+        return pixels.to(self._model_dtype), torch.as_tensor(grid).reshape(-1, 3)
 
     def embed_input_ids(self, input_ids: torch.Tensor, multimodal_embeddings: Any = None, *,
                         is_multimodal: torch.Tensor | None = None) -> torch.Tensor:
