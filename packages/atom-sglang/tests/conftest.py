@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from atom_core import catalog
 from atom_core.tiny import make_tiny
 
 HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
@@ -40,14 +41,38 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def reference_missing(arch: str) -> str | None:
+    """Why the installed transformers (the release's own pin) cannot write ``arch``'s tiny checkpoint nor be its
+    reference: it lacks the architecture (transformers 5.12.1, pinned by SGLang 0.5.17-0.5.21, has no Kimi-K2.5).
+    None when it has it."""
+    import transformers
+
+    spec = catalog.get(arch)
+    try:
+        spec.hf_model_class()
+    except (ImportError, AttributeError):
+        name = spec.hf_class.partition(":")[2]
+        return f"transformers {transformers.__version__} has no {name} (no reference, no tiny checkpoint)"
+    return None
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
-    """``arch -> dir`` of a tiny random checkpoint for every catalog architecture atom-sglang serves."""
+    """``arch -> dir`` of a tiny random checkpoint for every catalog architecture atom-sglang serves and the installed
+    transformers has (:func:`reference_missing`)."""
     from atom_sglang import capabilities
 
     served, _ = capabilities.plan()
     root = tmp_path_factory.mktemp("tiny")
-    return {arch: str(with_full_attention_interval(make_tiny(arch, root / arch, seed=1))) for arch in served}
+    return {arch: str(with_full_attention_interval(make_tiny(arch, root / arch, seed=1))) for arch in served
+            if reference_missing(arch) is None}
+
+
+def checkpoint_or_skip(arch: str, tiny_checkpoints: dict[str, str]) -> str:
+    """``arch``'s tiny checkpoint, or a skip naming why there is none."""
+    if arch not in tiny_checkpoints:
+        pytest.skip(reference_missing(arch) or f"atom-sglang does not serve {arch} (see atom_sglang.capabilities)")
+    return tiny_checkpoints[arch]
 
 
 def with_full_attention_interval(path: Path) -> Path:
