@@ -68,6 +68,33 @@ def tiny_checkpoints(tmp_path_factory):
             if reference_missing(arch) is None}
 
 
+def _rotates_rotary_dim(config) -> bool:
+    rotary_dim = getattr(config, "rotary_dim", None)
+    factor = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+    return rotary_dim is None or factor * config.head_dim == rotary_dim
+
+
+# arch -> (does the installed transformers model a checkpoint's config as the published checkpoints mean it?, why
+# not): transformers 5.12.1 (SGLang 0.5.17-0.5.21's pin) reads no `rotary_dim` for MiniMax-M2 and rotates the whole
+# head; 5.19 turns it into partial_rotary_factor, as ATOM and the published checkpoints do.
+FAITHFUL_REFERENCE = {
+    "MiniMaxM2ForCausalLM": (_rotates_rotary_dim, "reads no rotary_dim: it rotates the whole head, MiniMax-M2's "
+                                                   "checkpoints (and ATOM) rotate rotary_dim of it"),
+}
+
+
+def reference_unfaithful(arch: str, path: str) -> str | None:
+    """Why the installed transformers is no reference for ``arch``'s checkpoint at ``path``, or None."""
+    import transformers
+
+    if arch not in FAITHFUL_REFERENCE:
+        return None
+    faithful, why = FAITHFUL_REFERENCE[arch]
+    if faithful(transformers.AutoConfig.from_pretrained(path)):
+        return None
+    return f"transformers {transformers.__version__}'s {arch} {why}"
+
+
 def checkpoint_or_skip(arch: str, tiny_checkpoints: dict[str, str]) -> str:
     """``arch``'s tiny checkpoint, or a skip naming why there is none."""
     if arch not in tiny_checkpoints:
