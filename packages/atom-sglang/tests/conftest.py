@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from atom_core import catalog
 from atom_core.tiny import make_tiny
 
 HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
@@ -45,14 +46,65 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def reference_missing(arch: str) -> str | None:
+    """Why the installed transformers (the release's own pin) cannot write ``arch``'s tiny checkpoint nor be its
+    reference: it lacks the architecture (transformers 5.12.1, pinned by SGLang 0.5.17-0.5.21, has no Kimi-K2.5).
+    None when it has it."""
+    import transformers
+
+    spec = catalog.get(arch)
+    try:
+        spec.hf_model_class()
+    except (ImportError, AttributeError):
+        name = spec.hf_class.partition(":")[2]
+        return f"transformers {transformers.__version__} has no {name} (no reference, no tiny checkpoint)"
+    return None
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
-    """``arch -> dir`` of a tiny random checkpoint for every catalog architecture atom-sglang serves."""
+    """``arch -> dir`` of a tiny random checkpoint for every catalog architecture atom-sglang serves and the installed
+    transformers has (:func:`reference_missing`)."""
     from atom_sglang import capabilities
 
     served, _ = capabilities.plan()
     root = tmp_path_factory.mktemp("tiny")
-    return {arch: str(with_full_attention_interval(make_tiny(arch, root / arch, seed=1))) for arch in served}
+    return {arch: str(with_full_attention_interval(make_tiny(arch, root / arch, seed=1))) for arch in served
+            if reference_missing(arch) is None}
+
+
+def _rotates_rotary_dim(config) -> bool:
+    rotary_dim = getattr(config, "rotary_dim", None)
+    factor = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+    return rotary_dim is None or factor * config.head_dim == rotary_dim
+
+
+# arch -> (does the installed transformers model a checkpoint's config as the published checkpoints mean it?, why
+# not): transformers 5.12.1 (SGLang 0.5.17-0.5.21's pin) reads no `rotary_dim` for MiniMax-M2 and rotates the whole
+# head; 5.19 turns it into partial_rotary_factor, as ATOM and the published checkpoints do.
+FAITHFUL_REFERENCE = {
+    "MiniMaxM2ForCausalLM": (_rotates_rotary_dim, "reads no rotary_dim: it rotates the whole head, MiniMax-M2's "
+                                                   "checkpoints (and ATOM) rotate rotary_dim of it"),
+}
+
+
+def reference_unfaithful(arch: str, path: str) -> str | None:
+    """Why the installed transformers is no reference for ``arch``'s checkpoint at ``path``, or None."""
+    import transformers
+
+    if arch not in FAITHFUL_REFERENCE:
+        return None
+    faithful, why = FAITHFUL_REFERENCE[arch]
+    if faithful(transformers.AutoConfig.from_pretrained(path)):
+        return None
+    return f"transformers {transformers.__version__}'s {arch} {why}"
+
+
+def checkpoint_or_skip(arch: str, tiny_checkpoints: dict[str, str]) -> str:
+    """``arch``'s tiny checkpoint, or a skip naming why there is none."""
+    if arch not in tiny_checkpoints:
+        pytest.skip(reference_missing(arch) or f"atom-sglang does not serve {arch} (see atom_sglang.capabilities)")
+    return tiny_checkpoints[arch]
 
 
 def with_full_attention_interval(path: Path) -> Path:

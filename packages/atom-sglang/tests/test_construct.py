@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _sglang_env import load_with_sglang
+from conftest import checkpoint_or_skip
 
 from atom_core import catalog
 from atom_core.config import sliding_windows, text_config
@@ -44,9 +45,7 @@ def test_parallel_layout_is_accepted(cpu_runtime):
 
 @pytest.mark.parametrize("arch", sorted(catalog.ARCHITECTURES))
 def test_sglang_builds_and_loads_every_parameter(arch, cpu_runtime, tiny_checkpoints, monkeypatch):
-    if arch not in tiny_checkpoints:
-        pytest.skip(f"atom-sglang does not serve {arch} (see atom_sglang.capabilities)")
-    path = tiny_checkpoints[arch]
+    path = checkpoint_or_skip(arch, tiny_checkpoints)
     processed: dict[int, int] = {}  # layer -> how often its quant method really converted it
     once_per_load = wrapper._once_per_load
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from _sglang_batch import SGLangCPUBatch
 from _sglang_env import load_with_sglang
+from conftest import checkpoint_or_skip, reference_unfaithful
 from torch import nn
 
 from atom_core import catalog
@@ -50,10 +51,10 @@ def reference(arch: str, path: str):
 @pytest.mark.parametrize("arch", sorted(catalog.ARCHITECTURES))
 @torch.inference_mode()
 def test_prefill_and_decode_match_transformers(arch, cpu_runtime, tiny_checkpoints):
-    if arch not in tiny_checkpoints:
-        pytest.skip(f"atom-sglang does not serve {arch} (see atom_sglang.capabilities)")
-    path = tiny_checkpoints[arch]
+    path = checkpoint_or_skip(arch, tiny_checkpoints)
     model = load_with_sglang(path)
+    if why := reference_unfaithful(arch, path):
+        pytest.skip(why)
     if arch in NEEDS_SINKS:  # the torch-native backend applies no attention sinks: the host refuses, one line
         with pytest.raises(UnsupportedConfigError, match=r"attention sinks .* TorchNativeAttnBackend does not apply"):
             SGLangCPUBatch(model, len(PROMPTS)).step({0: PROMPTS[0]})

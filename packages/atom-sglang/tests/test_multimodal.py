@@ -26,6 +26,7 @@ import pytest
 import torch
 from _sglang_batch import SGLangCPUBatch
 from _sglang_env import load_with_sglang
+from conftest import checkpoint_or_skip
 
 from atom_core import catalog
 from atom_core.runtime.multimodal import load_images, spatial_merge_size, with_image_placeholders
@@ -60,9 +61,7 @@ def image_files(tmp_path_factory):
 @pytest.fixture(params=ARCHS)
 def vl(request, tiny_checkpoints, image_files):
     """(checkpoint, the images as its processor prepares them) of one multimodal architecture."""
-    if request.param not in tiny_checkpoints:
-        pytest.skip(f"atom-sglang does not serve {request.param} (see atom_sglang.capabilities)")
-    path = tiny_checkpoints[request.param]
+    path = checkpoint_or_skip(request.param, tiny_checkpoints)
     return path, load_images(path, image_files)
 
 

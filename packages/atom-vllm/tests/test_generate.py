@@ -226,6 +226,7 @@ IMAGE_PROMPTS: dict[str, tuple[str, Callable[[Any], list[int]]]] = {
     "KimiK25ForConditionalGeneration": ("vision_chunk", lambda config: [config.image_token_id]),  # <|media_pad|>
 }
 IMAGE_SIZES = [(40, 52), (30, 70)]  # pixels; the tiny Kimi-K2.5 processor makes 6x8 and 4x10 patch grids
+LOGPROB_ATOL = 1e-4  # fp32 log-probabilities of the greedy tokens against transformers' (atom-core's parity bound)
 MULTIMODAL_ARCHS = [a for a in served_architectures() if catalog.MULTIMODAL in catalog.get(a).capabilities]
 
 
@@ -262,7 +263,8 @@ def transformers_greedy(model_dir: str, arch: str, prompt: list[int], images: tu
 def test_images_through_vllms_own_processor(arch, generate_models, probe, tmp_path):
     """A prompt with two images (and a text-only one beside it) through vLLM's own processor of the architecture:
     its placeholder expansion, pixels and patch grids.  ATOM's class and vLLM's own get the same inputs and give the
-    same greedy tokens, and both are transformers' on the pixels vLLM's processor made (recorded at the model)."""
+    same greedy tokens, and both are transformers' on the pixels vLLM's processor made (recorded at the model): the
+    tokens, and their log-probabilities within ``LOGPROB_ATOL``."""
     import numpy as np
     from PIL import Image
 
@@ -307,6 +309,12 @@ def test_images_through_vllms_own_processor(arch, generate_models, probe, tmp_pa
                            [hf_logits])
         assert_same_greedy(f"{arch}, image prompt {p}: ATOM-in-vLLM vs vLLM's own", [atom["tokens"][p]],
                            [own["tokens"][p]], [hf_logits])
+        # tiny random models repeat a token whatever the image says: the log-probabilities carry the check
+        same = next((i for i, (a, b) in enumerate(zip(atom["tokens"][p], hf_tokens)) if a != b), MAX_TOKENS)
+        hf_logprobs = hf_logits.log_softmax(-1)[torch.arange(same), torch.tensor(hf_tokens[:same], dtype=torch.long)]
+        for name, result in (("ATOM-in-vLLM", atom), ("vLLM's own", own)):
+            err = (torch.tensor(result["logprobs"][p][:same]) - hf_logprobs).abs().max().item()
+            assert err <= LOGPROB_ATOL, f"{arch}, image prompt {p}: {name} log-probabilities off transformers' by {err:.2e}"
 
 
 # The architectures vLLM compiles (atom_vllm.compilation) that this CPU can run both ways: one dense, one MoE.

@@ -505,7 +505,8 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
     vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM` (a checkpoint whose engine refuses to start
     gives ``{"dir", "error_type", "error"}`` and the next one runs).  ``images``: per prompt, None or
     ``{"modality", "files"}`` (vLLM's tokenizer is then loaded: multimodal processors need it); each result then also
-    has the prompts as vLLM expanded them and the keyword arguments of every ``embed_multimodal`` call.
+    has the prompts as vLLM expanded them, each generated token's log-probability and the keyword arguments of every
+    ``embed_multimodal`` call.
     ``engine_process="spawn"``: vLLM's engine core in a spawned process of its own (its default is this process's
     fork; see test_generate's ``SPAWNED_ENGINE`` for why some models need a fresh one)."""
     if attention_backend:
@@ -547,7 +548,9 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
         classes = llm.apply_model(model_class)  # one per rank
         attention = llm.apply_model(attention_layers)[0]
         module, qualname = classes[0]
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        # with images, also the log-probability of each generated token (vLLM's raw fp32 logits)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False,
+                                logprobs=1 if images else None)
         if images:
             llm.apply_model(record_multimodal)
         requests = [_multimodal_prompt(p, i) for p, i in zip(prompts, images or [None] * len(prompts), strict=True)]
@@ -560,6 +563,8 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
         if images:
             out[-1]["prompt_token_ids"] = [list(r.prompt_token_ids) for r in results]
+            out[-1]["logprobs"] = [[step[token].logprob for step, token in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
+                                   for r in results]
             out[-1]["multimodal_calls"] = llm.apply_model(recorded_multimodal)[0]
         del llm
         _release()
