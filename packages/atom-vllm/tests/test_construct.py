@@ -174,24 +174,18 @@ BAD_CHECKPOINTS = {  # how to break a tiny Qwen3 checkpoint -> what ATOM's one-l
     "int32 weight": "checkpoint tensor model.layers.0.mlp.down_proj.weight is int32, expected",
     "truncated shard": "model.safetensors: not a readable safetensors file: truncated at byte",
     "garbage header length": "model.safetensors: not a readable safetensors file: the header length at byte 0 says",
-    # vLLM's own class would tie and drop lm_head.weight; transformers keeps it: ATOM refuses, saying why
-    "tied config, different lm_head": "sets tie_word_embeddings, but the checkpoint's lm_head.weight differs from",
 }
 FILE_CASES = ("truncated shard", "garbage header length")
 
 
 def break_checkpoint(model: Path, case: str) -> None:
-    import json
 
     import torch
     from safetensors.torch import load_file, save_file
 
     (shard,) = model.glob("*.safetensors")
     data = shard.read_bytes()
-    if case == "tied config, different lm_head":  # the tiny checkpoint is untied: its lm_head.weight is its own
-        config = json.loads((model / "config.json").read_text())
-        (model / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
-    elif case == "int32 weight":
+    if case == "int32 weight":
         tensors = load_file(str(shard))
         name = "model.layers.0.mlp.down_proj.weight"
         tensors[name] = tensors[name].to(torch.int32)
