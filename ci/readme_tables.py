@@ -92,6 +92,8 @@ def vllm_table(pins: dict) -> str:
         if e.get("construct") == "family":
             checks = checks.replace("of every architecture", "of one architecture per model family")
         torch = e["torch"] + (f" ({e['torch_note']})" if e.get("torch_note") else "")
+        if not e.get("ci", True):
+            checks = f"not in CI: {e['checked']} ({checks})"
         lines.append(f"| `{e['distribution']}` | {e['version']} | {torch} | {e['transformers']} | `{e['serve']} MODEL` | "
                      f"{checks} |")
     return "\n".join(lines)
@@ -383,7 +385,7 @@ def releases_table(pins: dict) -> str:
     sglang = pins["sglang"]
     tested_sglang = ", ".join(v for v in sorted(sglang["versions"], key=release_key) if sglang["versions"][v].get("ci"))
     by_distribution: dict[str, list[str]] = {}
-    for e in sorted(pins["vllm"], key=lambda e: release_key(e["version"])):
+    for e in sorted((e for e in pins["vllm"] if e.get("ci", True)), key=lambda e: release_key(e["version"])):
         by_distribution.setdefault(e["distribution"], []).append(e["version"])
     tested_vllm = "; ".join(f"{d} {', '.join(v)}" for d, v in sorted(by_distribution.items()))
     core = pins["core"]

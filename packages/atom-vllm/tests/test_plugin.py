@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,10 @@ from atom_core.takeover import platform_name
 from atom_vllm.capabilities import expected_flags
 
 pytestmark = pytest.mark.plugin
+
+# vLLM's log format: "(EngineCore pid=N) " before the level in its child processes (newer releases), then
+# "INFO MM-DD HH:MM:SS [file.py:line] message".
+VLLM_LOG_LINE = re.compile(r"(\([^)]*\) )?INFO \d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? \[[\w.]+:\d+\] ")
 
 REGISTRY_SCRIPT = """
 import json, os, sys
@@ -106,7 +111,7 @@ def test_do_no_harm_by_default(monkeypatch):
     for arch in served_architectures():
         assert vllm_own(state["entries"][arch]), f"{arch} is served by {state['entries'][arch]} without ATOM_TAKE_OVER"
     line = next(x for x in state["log"].splitlines() if "vLLM's own classes serve" in x)  # the first registration's
-    assert line.startswith("(") and " INFO " in line, f"not vLLM's log format: {line}"  # (process pid=N) INFO ...
+    assert VLLM_LOG_LINE.match(line), f"not vLLM's log format: {line}"
     assert ", ".join(served_architectures()) in line and "ATOM_TAKE_OVER=all" in line, line
 
     assert state["then"][one] == ["atom_vllm.models", one]

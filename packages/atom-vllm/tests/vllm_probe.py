@@ -76,14 +76,21 @@ def _force_cpu_platform() -> None:
     on ``sys.path``) returns ``vllm.platforms.cpu.CpuPlatform`` where vLLM's own CPU detection answers None.
     Must run before vLLM is imported (importing it resolves ``current_platform`` on 0.26); on PYTHONPATH
     too, for the processes vLLM starts."""
+    root = cpu_platform_plugin_dir()
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+
+
+def cpu_platform_plugin_dir() -> Path:
+    """A fresh directory holding the test-only ``vllm.platform_plugins`` distribution of :func:`_force_cpu_platform`:
+    put it on a child process's PYTHONPATH to give that process vLLM's CPU platform."""
     root = Path(tempfile.mkdtemp(prefix="atom-vllm-cpu-platform-"))
     (root / f"{CPU_PLATFORM_PLUGIN}.py").write_text(CPU_PLATFORM_CODE)
     info = root / f"{CPU_PLATFORM_PLUGIN}-0.0.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {CPU_PLATFORM_PLUGIN}\nVersion: 0.0.0\n")
     (info / "entry_points.txt").write_text(f"[vllm.platform_plugins]\natom_test_cpu = {CPU_PLATFORM_PLUGIN}:activate\n")
-    sys.path.insert(0, str(root))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    return root
 
 
 def _cpu_platform_without_triton() -> None:
