@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from atom_core.runtime.context import StepContext
+from atom_core.runtime.kv_cache import block_rows
 
 if TYPE_CHECKING:
     from atom_core.runtime.host import NativeHost
@@ -58,6 +59,7 @@ class _Static:
     context: StepContext
     graph: torch.cuda.CUDAGraph | None = None
     hidden: torch.Tensor | None = None
+    filled: int = 0  # rows the last step wrote (rows past it hold padding)
 
 
 class DecodeGraphs:
@@ -73,24 +75,26 @@ class DecodeGraphs:
     def handles(self, batch: int) -> bool:
         return bucket_for(batch) is not None
 
-    def run(self, seqs: list[SequenceSlots], tokens: list[int], positions: torch.Tensor, slots: list[int]
+    def run(self, seqs: list[SequenceSlots], tokens: list[int], positions: list[int], slots: list[int]
             ) -> torch.Tensor:
-        """Hidden states ``[len(seqs), hidden]`` of one decode step: sequence i's new token ``tokens[i]`` at
-        ``positions[:, i]`` writes KV slot ``slots[i]`` (already reserved: ``seqs[i].length`` counts it)."""
+        """Hidden states ``[len(seqs), hidden]`` of one decode step: sequence i's new token ``tokens[i]`` at position
+        ``positions[i]`` (every row's) writes KV slot ``slots[i]`` (already reserved: ``seqs[i].length`` counts
+        it).  The step's inputs reach the device in two copies (one int64 block, the int32 block table)."""
         self._check_caches()
         batch = len(seqs)
         width = table_width(max(len(s.blocks) for s in seqs))
         static = self._static.get((bucket_for(batch), width)) or self._build(bucket_for(batch), width)
-        table = torch.zeros(batch, width, dtype=torch.int32)
-        for i, s in enumerate(seqs):
-            table[i, : len(s.blocks)] = torch.tensor(s.blocks, dtype=torch.int32)
-        static.input_ids[:batch].copy_(torch.tensor(tokens))
-        static.positions[:, :batch].copy_(positions)
-        static.slot_mapping[:batch].copy_(torch.tensor(slots))
-        static.block_table[:batch].copy_(table)
-        static.seq_lens[:batch].copy_(torch.tensor([s.length for s in seqs], dtype=torch.int32))
-        static.state_slots[:batch].copy_(torch.tensor([s.state_slot for s in seqs]))
-        _pad(static, batch)
+        columns = torch.tensor([tokens, positions, slots, [s.length for s in seqs], [s.state_slot for s in seqs]],
+                               dtype=torch.int64).to(self.device)
+        static.input_ids[:batch].copy_(columns[0])
+        static.positions[:, :batch].copy_(columns[1].expand(self.rows, -1))
+        static.slot_mapping[:batch].copy_(columns[2])
+        static.seq_lens[:batch].copy_(columns[3])
+        static.state_slots[:batch].copy_(columns[4])
+        static.block_table[:batch].copy_(torch.tensor(block_rows(seqs, width), dtype=torch.int32))
+        if static.filled > batch:
+            _pad(static, batch)
+        static.filled = batch
         if static.graph is None:
             static.hidden = self._forward(static)
         else:

@@ -39,9 +39,12 @@ class SequenceSlots:
         self.length += new_tokens
         return slots
 
-    def slot_row(self, block_size: int, width: int) -> list[int]:
-        row = [self.blocks[pos // block_size] * block_size + pos % block_size for pos in range(self.length)]
-        return row + [0] * (width - len(row))
+
+def block_rows(seqs: list[SequenceSlots], width: int | None = None) -> list[list[int]]:
+    """Each sequence's blocks padded with block 0 to ``width`` (default: the most any of them holds): the rows of
+    a block table."""
+    width = max(len(s.blocks) for s in seqs) if width is None else width
+    return [s.blocks + [0] * (width - len(s.blocks)) for s in seqs]
 
 
 class KVCache:

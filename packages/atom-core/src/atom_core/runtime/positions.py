@@ -18,6 +18,12 @@ class PositionPlan:
     prompt: torch.Tensor | None = None  # [rows, prompt length]; None: the running index
     delta: int = 0
 
+    def decode_position(self, start: int) -> int:
+        """The position (every row's) of the token at index ``start``, past the prompt: a decode step's."""
+        if self.prompt is not None and start < self.prompt.shape[1]:
+            raise ValueError(f"token {start} is inside the prompt ({self.prompt.shape[1]} tokens): not a decode step")
+        return start + self.delta
+
     def positions(self, start: int, count: int) -> torch.Tensor:
         """``[rows, count]`` int64 positions of tokens ``start .. start + count - 1``."""
         in_prompt = 0 if self.prompt is None else max(0, min(count, self.prompt.shape[1] - start))

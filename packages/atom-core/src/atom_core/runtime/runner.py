@@ -22,7 +22,7 @@ from atom_core.paths import inside
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.graphs import DecodeGraphs
 from atom_core.runtime.host import NativeHost
-from atom_core.runtime.kv_cache import SequenceSlots
+from atom_core.runtime.kv_cache import SequenceSlots, block_rows
 from atom_core.runtime.multimodal import ImageInputs, Prompt, as_prompt
 from atom_core.runtime.positions import PositionPlan
 from atom_core.runtime.sampler import SamplingParams, sample
@@ -157,12 +157,12 @@ class Runner:
         allocator = self.host.kv_cache.allocator
         starts = [s.length for s in seqs]
         slot_mapping = [slot for s, toks in zip(seqs, new_tokens) for slot in s.grow(len(toks), self.block_size, allocator)]
-        width = max(s.length for s in seqs)
         ctx = StepContext(
             query_lens=[len(t) for t in new_tokens],
             seq_lens=[s.length for s in seqs],
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=self.device),
-            slot_table=torch.tensor([s.slot_row(self.block_size, width) for s in seqs], dtype=torch.int64, device=self.device),
+            block_table=torch.tensor(block_rows(seqs), dtype=torch.int32, device=self.device),
+            block_size=self.block_size,
             state_slots=[s.state_slot for s in seqs],
         )
         input_ids = torch.tensor([t for toks in new_tokens for t in toks], dtype=torch.int64, device=self.device)
@@ -181,7 +181,7 @@ class Runner:
     def _decode_step(self, seqs: list[SequenceSlots], tokens: list[int], plans: list[PositionPlan]) -> torch.Tensor:
         """One new token per sequence, through the decode graphs: hidden states ``[len(seqs), H]``."""
         allocator = self.host.kv_cache.allocator
-        positions = torch.cat([plan.positions(s.length, 1) for plan, s in zip(plans, seqs)], dim=1)
+        positions = [plan.decode_position(s.length) for plan, s in zip(plans, seqs)]
         slots = [s.grow(1, self.block_size, allocator)[0] for s in seqs]
         return self.decode_graphs.run(seqs, tokens, positions, slots)
 
@@ -233,10 +233,12 @@ class Runner:
                 else:
                     hidden = self._step(*step, images)
                 images = None
-                last = torch.tensor([len(pending[i]) for i in active], device=self.device).cumsum(0) - 1
-                tokens, logprobs = sample(self.model.compute_logits(hidden[last]), params, generator)
+                if hidden.shape[0] != len(active):  # prompt tokens in this step: each sequence's last token
+                    hidden = hidden[torch.tensor([len(pending[i]) for i in active], device=self.device).cumsum(0) - 1]
+                tokens, logprobs = sample(self.model.compute_logits(hidden), params, generator)
+                tokens, logprobs = torch.stack([tokens.double(), logprobs.double()]).tolist()  # one copy to the host
                 still = []
-                for i, token, logprob in zip(active, tokens.tolist(), logprobs.tolist()):
+                for i, token, logprob in zip(active, map(int, tokens), logprobs):
                     out = outputs[i]
                     out.token_ids.append(token)
                     out.logprobs.append(logprob)
