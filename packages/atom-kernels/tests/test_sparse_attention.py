@@ -93,7 +93,7 @@ def test_topk_indices(rng):
     scores = torch.randn(7, 300, generator=rng)
     scores[0, 10:] = float("-inf")  # fewer finite scores than k
     scores[1] = float("-inf")  # a padding row
-    scores[2, 40:80] = 3.0  # ties across the threshold: the lowest positions win
+    scores[2, 40:80] = 10.0  # ties across the threshold (above every normal draw): the lowest positions win
     scores[3, ::2] = -0.0
     scores[3, 1::2] = 0.0  # signed zeros tie
     for k in (1, 16, 100, 299, 512):

@@ -46,6 +46,7 @@ class IndexerDims:
 
     @classmethod
     def from_hf(cls, text: Any, rope_interleave: bool) -> IndexerDims:
+        """``rope_interleave``: the family's indexer rope, unless the config's ``indexer_rope_interleave`` says."""
         types = list(getattr(text, "indexer_types", None) or ["full"] * text.num_hidden_layers)
         if len(types) != text.num_hidden_layers or any(t not in INDEXER_TYPES for t in types) or types[0] != "full":
             raise UnsupportedConfigError(f"config.json indexer_types {types}: one of {INDEXER_TYPES} per layer "
@@ -55,8 +56,9 @@ class IndexerDims:
         if text.index_head_dim < text.qk_rope_head_dim:
             raise UnsupportedConfigError(f"config.json index_head_dim {text.index_head_dim} is below qk_rope_head_dim "
                                          f"{text.qk_rope_head_dim} (the indexer rotates its first qk_rope_head_dim)")
-        return cls(text.index_n_heads, text.index_head_dim, text.index_topk, rope_interleave,
-                   tuple(t == "full" for t in types))
+        interleave = getattr(text, "indexer_rope_interleave", None)  # published GLM-5 configs spell it out
+        return cls(text.index_n_heads, text.index_head_dim, text.index_topk,
+                   rope_interleave if interleave is None else bool(interleave), tuple(t == "full" for t in types))
 
 
 @dataclasses.dataclass(frozen=True)
