@@ -6,7 +6,8 @@ with no finite score, queries with no slot), block tables whose unused entries a
 ``k`` beyond the row length.  Host size: an 8192-token prefill chunk continuing a context to 12000 tokens, with
 DeepSeek-V3.2's top-k of 2048, through the reference's chunked paths (checked row by row against the definition on
 sampled rows); the Triton kernels run on a slice of it under the interpreter (the whole chunk would take the
-interpreter hours).
+interpreter hours).  On a GPU, ``test_dsa_host_size_cuda`` runs every kernel on every row of 8192- and 16384-token
+chunks at DeepSeek-V3.2's shapes (its code runs here at a small size: ``test_dsa_host_case_runs_small``).
 
 Tolerances: scores fp32 1e-5 relative (summation order); selections exact; attention fp32 1e-5, bf16 2e-2
 (``helpers.REL_TOL``).
@@ -14,7 +15,7 @@ Tolerances: scores fp32 1e-5 relative (summation order); selections exact; atten
 
 import pytest
 import torch
-from helpers import assert_close
+from helpers import REL_TOL, assert_close
 
 from atom_kernels import indexer_scores, mla_decode, sparse_mla, topk_indices
 
@@ -175,6 +176,52 @@ def test_host_size_prefill_chunk(rng):
     q_abs = torch.randn(2, 16, 72, generator=rng)
     assert_close(sparse_mla.call_backend("triton", q_abs, latent, slots, 72**-0.5, 64),
                  sparse_mla.call_backend("reference", q_abs, latent, slots, 72**-0.5, 64), FP32)
+
+
+def gpu_rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``‖out - ref‖ / ‖ref‖`` where the tensors live (``helpers.rel_err`` copies both to the CPU in float64)."""
+    assert torch.isfinite(out).all(), "non-finite output"
+    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+def dsa_host_case(chunk, context, k, index_heads, index_dim, heads, latent, rope, page, device, dtype):
+    """A prefill chunk of ``chunk`` tokens ending a ``context``-token sequence: every kernel on every row against its
+    reference (scores relative, selections exact, attention relative)."""
+    g = torch.Generator().manual_seed(0)
+    cache, table = paged_keys([context], index_dim, page, g, dtype)
+    cache, table = cache.to(device), table.to(device)
+    token_seq, token_pos = (t.to(device) for t in step_tokens([context], [chunk]))
+    dg = torch.Generator(device=device).manual_seed(1)
+    q = torch.randn(chunk, index_heads, index_dim, generator=dg, device=device).to(dtype)
+    weights = torch.randn(chunk, index_heads, generator=dg, device=device)
+    args = (q, weights, cache, table, token_seq, token_pos, index_dim**-0.5)
+    ref = indexer_scores.call_backend("reference", *args)
+    out = indexer_scores.call_backend("triton", *args)
+    finite = torch.isfinite(ref)
+    assert torch.equal(finite, torch.isfinite(out))
+    assert gpu_rel_err(out[finite], ref[finite]) <= REL_TOL[dtype]
+    picked = topk_indices.call_backend("reference", ref, k)
+    assert torch.equal(topk_indices.call_backend("triton", ref, k), picked)
+    used = picked >= 0
+    slots = torch.where(used, table[0].long()[picked.long().clamp(min=0) // page] * page + picked.long() % page, -1)
+    rows = torch.randn(cache.shape[0], page, latent + rope, generator=dg, device=device).to(dtype)
+    q_abs = torch.randn(chunk, heads, latent + rope, generator=dg, device=device).to(dtype)
+    mla_args = (q_abs, rows, slots.int(), (latent + rope) ** -0.5, latent)
+    got, want = (sparse_mla.call_backend(b, *mla_args) for b in ("triton", "reference"))
+    assert gpu_rel_err(got, want) <= REL_TOL[dtype]
+
+
+def test_dsa_host_case_runs_small(rng):
+    """The GPU host-size case below, at a size the interpreter runs (so its own code is exercised here)."""
+    dsa_host_case(48, 300, 64, 4, 32, 16, 64, 16, 16, "cpu", FP32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host-size tests need a GPU")
+@pytest.mark.parametrize("chunk", [8192, 16384])
+def test_dsa_host_size_cuda(chunk):
+    """DeepSeek-V3.2's shapes (64 index heads of 128, top-k 2048, 128 heads over a 512 + 64 latent, page 64), bf16,
+    a prefill chunk ending a 20000-token context (select the GPU run with ``-k host_size``)."""
+    dsa_host_case(chunk, 20000, 2048, 64, 128, 128, 512, 64, 64, "cuda", BF16)
 
 
 def test_bad_shapes_name_the_argument():
