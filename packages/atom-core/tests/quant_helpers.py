@@ -11,7 +11,7 @@ from torch import nn
 from atom_kernels import formats
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-           "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+           "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "wq_b", "wk")  # wq_b, wk: the DSA indexer
 # layers ATOM runs on their dequantized weight, unquantized activations: latent attention absorbs kv_b_proj
 WEIGHT_ONLY = ("kv_b_proj",)
 

@@ -20,7 +20,7 @@ BATCHES = [
     [[3, 1, 4, 1, 5], [9, 2, 6], list(range(10, 25))],
 ]
 ARCHS = ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM",
-         "DeepseekV3ForCausalLM"]
+         "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"]
 
 
 def test_buckets_and_widths():

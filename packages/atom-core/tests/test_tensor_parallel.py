@@ -49,8 +49,8 @@ def run_tp(model_dir: str, tmp_path) -> list[dict]:
 @pytest.mark.parametrize(
     "arch,overrides",
     [("Qwen2ForCausalLM", {}), ("LlamaForCausalLM", {"num_key_value_heads": 1}), ("Qwen2MoeForCausalLM", {}),
-     ("DeepseekV3ForCausalLM", {})],
-    ids=["qwen2-tied", "llama-kv-replicated", "qwen2-moe-shared-expert", "deepseek-v3-latent"],
+     ("DeepseekV3ForCausalLM", {}), ("GlmMoeDsaForCausalLM", {})],
+    ids=["qwen2-tied", "llama-kv-replicated", "qwen2-moe-shared-expert", "deepseek-v3-latent", "glm5-sparse-latent"],
 )
 def test_tp2_matches_transformers(tiny, tmp_path, arch, overrides):
     model_dir = tiny(arch, **overrides)

@@ -20,6 +20,8 @@ HYBRID = "hybrid-linear-attention"  # per-sequence recurrent state (Gated DeltaN
 MULTIMODAL = "multimodal"  # takes images (and videos) besides text
 MROPE = "mrope"  # positions are [3, T] (time, height, width), computed by the model from the prompt
 MLA = "latent-attention"  # multi-head latent attention: the KV cache holds one latent per token (DeepSeek-V3)
+# DeepSeek sparse attention: a lightning indexer (its own key cache) picks the top-k tokens each query attends to
+SPARSE_ATTENTION = "sparse-attention"
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,15 @@ _TINY_DEEPSEEK_V3 = dict(
     rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
 )
+
+# A tiny DeepSeek-V3.2: the tiny DeepSeek-V3 with a lightning indexer of 16 heads of 32 keeping the top 6 tokens, so
+# the test prompts (7 and 50 tokens) attend sparsely.  DeepSeek-V3.2's config has no rope_interleave (always pairs).
+_TINY_DEEPSEEK_V32 = dict(
+    {k: v for k, v in _TINY_DEEPSEEK_V3.items() if k not in ("rope_interleave", "head_dim")},
+    index_topk=6, index_n_heads=16, index_head_dim=32,
+)
+# A tiny GLM-5: the same with GLM-5's indexer-sharing pattern (layer 1 reuses layer 0's selection).
+_TINY_GLM_MOE_DSA = dict(_TINY_DEEPSEEK_V32, indexer_types=["full", "shared", "full"])
 
 # A tiny Kimi-K2.5: the tiny DeepSeek-V3 above under a two-block MoonViT tower of 8-pixel patches (head 32, an 8x8
 # learned position grid resampled to each image) whose 2x2-merged patches land in the decoder's width.
@@ -223,6 +234,16 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             "DeepseekV3ForCausalLM", "atom_core.models.deepseek_v3:DeepseekV3ForCausalLM", "deepseek_v3",
             "transformers:DeepseekV3ForCausalLM", "deepseek_v3", capabilities=frozenset({TEXT, MLA}),
             quant_formats=("fp8-block", "quark-mxfp4"), tiny=_TINY_DEEPSEEK_V3,
+        ),
+        ArchSpec(
+            "DeepseekV32ForCausalLM", "atom_core.models.deepseek_v32:DeepseekV32ForCausalLM", "deepseek_v32",
+            "transformers:DeepseekV32ForCausalLM", "deepseek_v32", capabilities=frozenset({TEXT, MLA, SPARSE_ATTENTION}),
+            quant_formats=("fp8-block",), tiny=_TINY_DEEPSEEK_V32,
+        ),
+        ArchSpec(
+            "GlmMoeDsaForCausalLM", "atom_core.models.deepseek_v32:GlmMoeDsaForCausalLM", "deepseek_v32",
+            "transformers:GlmMoeDsaForCausalLM", "glm_moe_dsa", capabilities=frozenset({TEXT, MLA, SPARSE_ATTENTION}),
+            quant_formats=("fp8-block",), tiny=_TINY_GLM_MOE_DSA,
         ),
         ArchSpec(
             "MiniMaxM2ForCausalLM", "atom_core.models.minimax_m2:MiniMaxM2ForCausalLM", "minimax_m2",

@@ -137,6 +137,22 @@ class LatentAttentionSpec:
     qk_rope_head_dim: int
     v_head_dim: int
     kv_b_proj: nn.Module
+    sparse: SparseSelectionSpec | None = None  # DeepSeek sparse attention: attend only to the indexer's top-k
+
+
+@dataclass(frozen=True)
+class SparseSelectionSpec:
+    """DeepSeek sparse attention (DeepSeek-V3.2, GLM-5) over latent attention.  A layer with its own indexer
+    caches one indexer key (``index_head_dim``) per token beside its latent and is called with the step's indexer
+    queries ``[T, index_heads, index_head_dim]``, keys ``[T, index_head_dim]`` and head weights ``[T, index_heads]``;
+    each query keeps the ``topk`` cached tokens of largest ``Σ_h w_h · relu(index_scale · q_h · k)`` (itself
+    included, never a later token) and attends to those alone.  A layer without one (``own_indexer`` False, GLM-5's
+    shared layers) reuses the selection of the last layer before it that has one."""
+
+    index_head_dim: int
+    topk: int
+    index_scale: float
+    own_indexer: bool = True
 
 
 # --------------------------------------------------------------------------- linear-attention state

@@ -230,6 +230,33 @@ def _mla_decode_traced(q, cache, block_table, seq_lens, scale, kv_lora_rank):
     return _mla_decode(q, cache, block_table, seq_lens, scale, kv_lora_rank)
 
 
+# ---- DeepSeek sparse attention ---------------------------------------------------------------------------
+def _indexer_scores_fake(q: Tensor, weights: Tensor, k_cache: Tensor, block_table: Tensor, token_seq: Tensor,
+                         token_pos: Tensor, scale: float) -> Tensor:
+    return q.new_empty((q.shape[0], block_table.shape[1] * k_cache.shape[1]), dtype=torch.float32)
+
+
+_indexer_scores = define("indexer_scores", _indexer_scores_fake,
+                         lambda q, weights, k_cache, block_table, token_seq, token_pos, scale:
+                         _eager("indexer_scores")(q, weights, k_cache, block_table, token_seq, token_pos, scale))
+
+
+def _topk_indices_fake(scores: Tensor, k: int) -> Tensor:
+    return scores.new_empty((scores.shape[0], k), dtype=torch.int32)
+
+
+_topk_indices = define("topk_indices", _topk_indices_fake, lambda scores, k: _eager("topk_indices")(scores, k))
+
+
+def _sparse_mla_fake(q: Tensor, cache: Tensor, slots: Tensor, scale: float, kv_lora_rank: int) -> Tensor:
+    return q.new_empty((q.shape[0], q.shape[1], kv_lora_rank))
+
+
+_sparse_mla = define("sparse_mla", _sparse_mla_fake,
+                     lambda q, cache, slots, scale, kv_lora_rank:
+                     _eager("sparse_mla")(q, cache, slots, scale, kv_lora_rank))
+
+
 def _paged_attention_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
                           query_start_loc: Tensor, scale: float, sliding_window: int | None, sinks: Tensor | None,
                           soft_cap: float | None, k_scale: Tensor | None, v_scale: Tensor | None) -> Tensor:
@@ -278,6 +305,10 @@ TRACED: dict[str, Callable] = {
     "fp8_block_mm": _fp8_block_mm_traced,
     "mxfp4_mm": _mxfp4_mm_traced,
     "mla_decode": _mla_decode_traced,
+    "indexer_scores": lambda q, weights, k_cache, block_table, token_seq, token_pos, scale:
+        _indexer_scores(q, weights, k_cache, block_table, token_seq, token_pos, scale),
+    "topk_indices": lambda scores, k: _topk_indices(scores, k),
+    "sparse_mla": lambda q, cache, slots, scale, kv_lora_rank: _sparse_mla(q, cache, slots, scale, kv_lora_rank),
     "paged_attention": _paged_attention_traced,
     "reshape_and_cache": _reshape_and_cache_traced,
 }

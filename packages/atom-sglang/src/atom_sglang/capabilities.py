@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 
 from atom_core import catalog
-from atom_core.catalog import HYBRID, MLA, MROPE, MULTIMODAL, TEXT
+from atom_core.catalog import HYBRID, MLA, MROPE, MULTIMODAL, SPARSE_ATTENTION, TEXT
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,11 @@ EXTENSIONS: dict[str, Extension] = {
         "W_UV after it on every step (split from atom-core's kv_b_proj after loading), SGLang sizing that pool from "
         "the config (its ModelConfig lists the architecture as MLA); attention backends torch_native and triton, "
         "no decode context parallelism"
+    ),
+    SPARSE_ATTENTION: Extension(
+        "SGLangHost.attention(mla=LatentAttentionSpec(sparse=...)): the indexer-key pool beside SGLang's latent "
+        "KV pool and its NSA attention backend reading the indexer's top-k (GPU kernels; not tried on a CPU host)",
+        implemented=False,
     ),
     "pipeline-parallel": Extension(
         "models built for a [start_layer, end_layer) slice with start_layer/end_layer attributes, PPProxyTensors "

@@ -111,6 +111,9 @@ class SGLangHost:
     def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
         if mla is not None:
+            if mla.sparse is not None:  # never silently dense: the capability is not implemented here
+                raise UnsupportedConfigError(f"{prefix}: DeepSeek sparse attention (index_topk) is not implemented "
+                                             "in atom-sglang")
             layer = latent_attention(self, prefix, layer_id, num_heads, scale, mla, sliding_window=sliding_window,
                                      sinks=sinks)
             self.attention_layers.append(layer)

@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass
 
 from atom_core import catalog
-from atom_core.catalog import HYBRID, MLA, MROPE, MULTIMODAL, TEXT
+from atom_core.catalog import HYBRID, MLA, MROPE, MULTIMODAL, SPARSE_ATTENTION, TEXT
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,12 @@ EXTENSIONS: dict[str, Extension] = {
         "the base wrapper (vLLM's VllmModelForTextGeneration): __init__(*, vllm_config, prefix), forward, "
         "embed_input_ids, compute_logits, load_weights -> set[str], packed_modules_mapping",
         flags=("is_text_generation_model",),
+    ),
+    SPARSE_ATTENTION: Extension(
+        "VllmHost.attention(mla=LatentAttentionSpec(sparse=...)): the indexer-key cache beside vLLM's latent cache "
+        "and its sparse MLA backend reading the indexer's top-k (vLLM's DeepSeek-V3.2 path: FlashMLA sparse and "
+        "DeepGEMM's fp8 indexer kernels, GPU kernels; not tried on a CPU host)",
+        implemented=False,
     ),
     "pipeline-parallel": Extension(
         "SupportsPP: atom-core models built for a [start_layer, end_layer) slice (vLLM's PPMissingLayer "

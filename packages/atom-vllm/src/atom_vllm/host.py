@@ -73,6 +73,12 @@ class VllmHost:
         if mla is not None:
             from atom_vllm.latent import latent_attention
 
+            if mla.sparse is not None:  # never silently dense: the capability is not implemented here
+                from atom_core.errors import UnsupportedConfigError
+
+                raise UnsupportedConfigError(f"{prefix}: DeepSeek sparse attention (index_topk) is not implemented "
+                                             "in atom-vllm")
+
             layer = latent_attention(self.vllm_config, prefix, num_heads, scale, mla)
             self.attention_layers[prefix] = layer
             return layer

@@ -86,22 +86,35 @@ class LatentAttention(nn.Module):
         self.num_heads = self.kv_b_proj.out_partitions[0] // (self.nope_dim + self.v_dim)  # this rank's heads
         self.rotary_emb = get_rope(self.rope_dim, self.rope_dim, cfg.max_position, cfg.rope, is_neox=not dims.rope_interleave,
                                    length=table_length(host, cfg.max_position))
-        spec = LatentAttentionSpec(self.kv_lora_rank, self.nope_dim, self.rope_dim, self.v_dim, self.kv_b_proj)
+        spec = LatentAttentionSpec(self.kv_lora_rank, self.nope_dim, self.rope_dim, self.v_dim, self.kv_b_proj,
+                                   sparse=self.sparse_selection(cfg, options, layer_id, host=host, prefix=prefix))
         self.attn = host.attention(f"{prefix}.attn", layer_id, self.num_heads, 1, qk_dim,
                                    yarn_softmax_scale(cfg.rope, qk_dim), mla=spec)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def sparse_selection(self, cfg: DecoderConfig, options: AttentionOptions, layer_id: int, *, host: Host,
+                         prefix: str):
+        """The layer's :class:`atom_core.host.SparseSelectionSpec` (None: dense latent attention)."""
+        return None
+
+    def project(self, positions: torch.Tensor, x: torch.Tensor):
+        """``(q [T, H * (nope + rope)], kv_c, k_pe, q_resid)``: the rotated query, latent and rope key, and the
+        normalised q LoRA activation (None with a plain ``q_proj``)."""
         if hasattr(self, "q_proj"):
-            q = self.q_proj(x)
+            q_resid, q = None, self.q_proj(x)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            q_resid = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_resid)
         q = q.view(-1, self.num_heads, self.nope_dim + self.rope_dim)
         q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
         kv_c, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         kv_c = self.kv_a_layernorm(kv_c.contiguous())
         q_pe, k_pe = self.rotary_emb(positions, q_pe.reshape(q.shape[0], -1), k_pe.contiguous())
         q = torch.cat([q_nope, q_pe.view(q.shape[0], self.num_heads, self.rope_dim)], dim=-1)
-        return self.o_proj(self.attn(q.view(q.shape[0], -1), kv_c, k_pe))
+        return q.view(q.shape[0], -1), kv_c, k_pe, q_resid
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, kv_c, k_pe, _ = self.project(positions, x)
+        return self.o_proj(self.attn(q, kv_c, k_pe))
 
 
 class LatentDecoderLayer(DecoderLayer):

@@ -13,6 +13,7 @@ from atom_core.runtime.attention import PagedAttention
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.kv_cache import KVCache
 from atom_core.runtime.latent_attention import LatentAttention
+from atom_core.runtime.sparse_attention import SparseLatentAttention
 from atom_core.runtime.state_pool import NativeLinearAttentionState, StatePool, StateSpec
 from atom_kernels.gdn import K_MAJOR
 
@@ -32,13 +33,17 @@ class NativeHost:
         self.attention_layers: list[PagedAttention | LatentAttention] = []
         self.state_specs: list[StateSpec] = []
         self.state_pool: StatePool | None = None
+        # this step's top-k positions from the last sparse attention layer with its own indexer (GLM-5's shared
+        # layers reuse them)
+        self.sparse_selection: torch.Tensor | None = None
 
     def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
         if mla is not None:
             if sliding_window is not None or sinks is not None:
                 raise UnsupportedConfigError(f"{prefix}: latent attention with a sliding window or sinks")
-            layer = LatentAttention(self, len(self.attention_layers), num_heads, scale, mla)
+            latent_class = SparseLatentAttention if mla.sparse is not None else LatentAttention
+            layer = latent_class(self, len(self.attention_layers), num_heads, scale, mla)
             self.attention_layers.append(layer)
             return layer
         layer = PagedAttention(self, len(self.attention_layers), num_heads, num_kv_heads, head_dim, scale,

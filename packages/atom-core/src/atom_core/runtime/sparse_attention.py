@@ -1,0 +1,88 @@
+"""The native host's DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): latent attention in which each query reads
+only the ``topk`` cached tokens its lightning indexer scores highest.
+
+Each layer's paged cache holds the token's latent ``kv_c | k_pe`` (as :mod:`atom_core.runtime.latent_attention`)
+and, in the V slot beside it, the token's indexer key; both are written through the same slot mapping and read
+through the same block table.  Every step, prompt or decode, runs:
+
+    scores    = indexer_scores(index_q, weights, index keys of the sequence)    [T, context], -inf past each query
+    positions = topk_indices(scores, topk)                                       [T, topk], -1 past the context
+    out       = sparse_mla(absorbed q, latent cache, slots of those positions)   (W_UK before, W_UV after)
+
+A layer without its own indexer (GLM-5's shared layers) reuses the positions the last layer with one chose in
+this step.  Nothing here reads lengths on the host, so a decode graph can capture it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from atom_core.host import LatentAttentionSpec
+from atom_core.runtime.latent_attention import LatentAttention
+from atom_kernels import indexer_scores, reshape_and_cache, sparse_mla, topk_indices
+
+if TYPE_CHECKING:
+    from atom_core.runtime.host import NativeHost
+
+
+def token_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
+    """``(token_seq, token_pos)`` int32 of the step's packed tokens: each token's sequence and its position there
+    (a padding row of ``seq_lens`` 0 gives position -1, which sees nothing)."""
+    t = torch.arange(num_tokens, device=seq_lens.device)
+    seq = torch.searchsorted(query_start_loc[1:].long(), t, right=True).clamp(max=seq_lens.shape[0] - 1)
+    pos = seq_lens.long()[seq] - (query_start_loc.long()[seq + 1] - t)
+    return seq.to(torch.int32), pos.to(torch.int32)
+
+
+def selected_slots(positions: torch.Tensor, block_table: torch.Tensor, token_seq: torch.Tensor,
+                   block_size: int) -> torch.Tensor:
+    """The cache slots of the selected positions ``[T, k]`` (-1 stays -1)."""
+    pos = positions.long()
+    safe = pos.clamp(min=0)
+    blocks = block_table.long()[token_seq.long()].gather(1, safe // block_size)
+    return torch.where(pos >= 0, blocks * block_size + safe % block_size, -1).to(torch.int32)
+
+
+class SparseLatentAttention(LatentAttention):
+    def __init__(self, host: NativeHost, cache_index: int, num_heads: int, scale: float, mla: LatentAttentionSpec):
+        super().__init__(host, cache_index, num_heads, scale, mla)
+        self.sparse = mla.sparse
+        index_dim = self.sparse.index_head_dim if self.sparse.own_indexer else 0
+        self.kv_shapes = ((1, self.kv_lora_rank + self.rope_dim), (1, index_dim))  # latent; indexer key beside it
+
+    def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
+                index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        host = self._host[0]
+        ctx = host.context
+        if ctx is None:
+            raise RuntimeError("native attention called outside a runner step (no StepContext set)")
+        if self.w_uk is None:
+            raise RuntimeError("latent attention used before its weights were loaded (finish_loading)")
+        if (index is not None) != self.sparse.own_indexer:
+            raise RuntimeError("a sparse attention layer takes the indexer's (q, k, weights) exactly when it has its own "
+                               "indexer")
+        cache, index_cache = host.kv_cache.layers[self.cache_index]  # [blocks, bs, 1, latent], [blocks, bs, 1, index]
+        num_tokens, heads = q.shape[0], self.num_heads
+        latent = torch.cat([kv_c, k_pe], dim=-1).view(num_tokens, 1, -1)
+        index_k = index[1].reshape(num_tokens, 1, -1) if index is not None else latent[..., :0]
+        reshape_and_cache(latent, index_k.to(index_cache.dtype), cache, index_cache, ctx.slot_mapping)
+        block_size = cache.shape[1]
+        block_table, seq_lens = ctx.paged(block_size)
+        token_seq, token_pos = token_positions(ctx.query_start_loc(), seq_lens, num_tokens)
+        if index is not None:
+            index_q, _, weights = index
+            scores = indexer_scores(index_q.contiguous(), weights, index_cache[:, :, 0], block_table, token_seq,
+                                    token_pos, self.sparse.index_scale)
+            host.sparse_selection = topk_indices(scores, self.sparse.topk)
+        elif host.sparse_selection is None or host.sparse_selection.shape[0] != num_tokens:
+            raise RuntimeError("a shared sparse attention layer runs before any layer with its own indexer in this step")
+        slots = selected_slots(host.sparse_selection, block_table, token_seq, block_size)
+        q = q.view(num_tokens, heads, -1)
+        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        q_latent = torch.einsum("thn,hnl->thl", q_nope, self.w_uk.to(q.dtype))
+        q_abs = torch.cat([q_latent, q_pe], dim=-1).contiguous()
+        out_latent = sparse_mla(q_abs, cache[:, :, 0], slots, self.scale, self.kv_lora_rank)
+        out = torch.einsum("thl,hvl->thv", out_latent, self.w_uv.to(q.dtype))
+        return out.reshape(num_tokens, heads * self.v_dim)

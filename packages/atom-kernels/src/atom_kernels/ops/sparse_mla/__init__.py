@@ -1,0 +1,17 @@
+"""Sparse multi-head latent attention (DeepSeek sparse attention, absorbed form): each query attends only to the
+cached latents its indexer selected.
+
+``sparse_mla(q, cache, slots, scale, kv_lora_rank) -> out``
+
+* ``q``: ``[T, H, kv_lora_rank + rope_dim]``, absorbed queries (``q_nope W_UK`` then ``q_pe``), any float dtype;
+* ``cache``: ``[num_blocks, block_size, kv_lora_rank + rope_dim]``, each token's latent ``kv_c`` then ``k_pe``;
+  slot ``s`` is ``cache[s // block_size, s % block_size]``;
+* ``slots``: ``[T, K]`` int32, the cache slots query t attends to (negative: unused; a row with none gives zeros).
+
+``out[t, h] = softmax(scale · q[t, h] · C_tᵀ) · C_t[:, :kv_lora_rank]`` with ``C_t`` the rows at ``slots[t]``,
+``[T, H, kv_lora_rank]`` in q's dtype; scores and softmax in fp32.  Only the selected rows are read.
+"""
+
+from atom_kernels.dispatch import register_op
+
+sparse_mla = register_op("sparse_mla", __name__, backends=("triton", "reference"))
