@@ -6,7 +6,6 @@ host's comparison are stand-ins."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
