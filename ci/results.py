@@ -4,9 +4,9 @@ A *run* is one folder ``bench/results/<stamp>-<gpu>/`` (the stamp orders runs in
 files of three known shapes are read, at the top level or nested one level (``ci/gpu_run.py`` writes one
 ``run.json`` holding all three):
 
-* kernel suites, ``python -m atom_kernels.bench``: ``{"context": {...}, "suites": {name: [row, ...]}}``;
-* end to end, ``python -m atom_vllm.bench``: ``{"gpu", "vllm", "settings", "models": [...]}``;
-* accuracy, ``python -m atom_core.accuracy``: ``{"accuracy": {"models": [...]}}``.
+* kernel suites, ``python -m atom_tools.kernels``: ``{"context": {...}, "suites": {name: [row, ...]}}``;
+* end to end, ``python -m atom_tools.e2e.vllm``: ``{"gpu", "vllm", "settings", "models": [...]}``;
+* accuracy, ``python -m atom_tools.accuracy``: ``{"accuracy": {"models": [...]}}``.
 
 Anything else (experiment data, test summaries) is skipped with its reason, never an error.
 """
@@ -48,7 +48,7 @@ def run_time(folder: str) -> tuple[str, str]:
 
 
 def e2e_records(report: dict, run: Run, source: str) -> list[dict]:
-    """One record per (model, format, implementation, batch, metric) of an atom_vllm.bench report."""
+    """One record per (model, format, implementation, batch, metric) of an atom_tools.e2e.vllm report."""
     settings = report.get("settings", {})
     out = []
     for entry in report.get("models", []):

@@ -28,7 +28,7 @@ BASE = {"output_tok_per_s": 1000.0, "tpot_ms": 2.0, "ttft_ms": 20.0}
 
 
 def e2e_report(scale: dict[str, float], noise: float, seed: int, repeats: int = 5) -> dict:
-    """An atom_vllm.bench report: one model, batches 1 and 64, ``repeats`` samples per metric with relative
+    """An atom_tools.e2e.vllm report: one model, batches 1 and 64, ``repeats`` samples per metric with relative
     noise ``noise``; ATOM's metrics multiplied by ``scale`` (vLLM's never)."""
     rng = random.Random(seed)
 

@@ -18,7 +18,7 @@ def test_dry_run_lists_every_step():
                          capture_output=True, text=True, check=True).stdout
     steps = dict(line.split(": ", 1) for line in out.splitlines())
     assert list(steps) == ["kernels", "e2e", "accuracy"]
-    assert "-m atom_kernels.bench" in steps["kernels"]
+    assert "-m atom_tools.kernels" in steps["kernels"]
     assert "gpu_e2e.sh" in steps["e2e"] and "--repeats 5" in steps["e2e"] and "smollm2=/ckpt/smollm2" in steps["e2e"]
     assert "--demo /ckpt/smollm2" in steps["accuracy"] and "Qwen3MoeForCausalLM" in steps["accuracy"]
 

@@ -130,16 +130,3 @@ def test_fetch_demo_command_refuses_a_user_directory(tmp_path, capsys):
     assert main(["fetch-demo", str(tmp_path)]) == EXIT_USAGE
     assert "not a previous `atom fetch-demo` checkpoint" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
-
-
-@needs_demo_deps
-@pytest.mark.xdist_group("demo_model")
-def test_accuracy_gate_on_real_weights(demo_dir):
-    """The accuracy gate every benchmark run carries (atom_core.accuracy), on the real model: ATOM's perplexity on
-    fixed text equals transformers' within the float32 bound."""
-    from atom_core.accuracy import gate, text_prompts
-
-    result = gate(Path(demo_dir), text_prompts(Path(demo_dir)), device="cpu", dtype=torch.float32, name="smollm2",
-                  kind="real weights")
-    assert result["passed"], result["summary"]
-    assert 3 < result["ppl_reference"] < 30 and result["tokens"] > 60  # real text under a real model

@@ -1,7 +1,7 @@
 """The import graph of the four distributions, read from their sources (every import statement, lazy ones inside
 functions included; ``if TYPE_CHECKING:`` blocks excepted): arrows point only down the table of DESIGN.md
-(adapters -> atom-core -> atom-kernels, no adapter imports the other host or its adapter), and atom-core's modules
-import each other without a cycle."""
+(adapters -> atom-core -> atom-kernels, no adapter imports the other host or its adapter, no library imports the
+tools in tools/atom_tools), and atom-core's modules import each other without a cycle."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import pytest
 PACKAGES = Path(__file__).resolve().parents[2]
 SOURCES = {"atom_kernels": "atom-kernels", "atom_core": "atom-core", "atom_vllm": "atom-vllm",
            "atom_sglang": "atom-sglang"}
-# top-level import names each distribution must never import
+# top-level import names each distribution must never import; none imports the tools (tools/atom_tools: benches,
+# accuracy gate), which sit above every library and ship in no wheel
 FORBIDDEN = {
-    "atom_kernels": {"atom_core", "atom_vllm", "atom_sglang", "vllm", "sglang"},
-    "atom_core": {"atom_vllm", "atom_sglang", "vllm", "sglang"},
-    "atom_vllm": {"atom_sglang", "sglang"},
-    "atom_sglang": {"atom_vllm", "vllm"},
+    "atom_kernels": {"atom_core", "atom_vllm", "atom_sglang", "vllm", "sglang", "atom_tools"},
+    "atom_core": {"atom_vllm", "atom_sglang", "vllm", "sglang", "atom_tools"},
+    "atom_vllm": {"atom_sglang", "sglang", "atom_tools"},
+    "atom_sglang": {"atom_vllm", "vllm", "atom_tools"},
 }
 
 

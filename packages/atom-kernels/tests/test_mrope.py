@@ -1,7 +1,6 @@
 """MRoPE: the Triton kernel against the torch reference, and the reference against transformers'
 Qwen2-VL / Qwen3-VL / Qwen3.5 rotary embeddings."""
 
-import itertools
 
 import pytest
 import torch
@@ -163,11 +162,8 @@ def test_kernel_variants_on_poisoned_strided_buffers(device, rng, case, config):
 
 
 def test_configs_name_known_kernels():
-    import atom_kernels.bench.mrope as suite
-
-    for config in [*mrope_triton.CONFIGS.values(), *itertools.chain(*suite.QUICK_SWEEP.values())]:
+    for config in mrope_triton.CONFIGS.values():
         assert config.kernel in mrope_triton.KERNELS, config
-    assert set(suite.QUICK_SWEEP) <= set(mrope_triton.CONFIGS)
     q = torch.zeros(1, 32)
     with pytest.raises(ValueError, match="unknown mrope kernel"):
         mrope_triton.launch(torch.zeros(3, 1, dtype=torch.long), q, None, torch.zeros(4, 16), 32, (3, 3, 2), True,
@@ -288,50 +284,6 @@ def test_reference_matches_transformers(rng, model):
     got_q, got_k = mrope.call_backend("reference", positions, q.clone(), k.clone(), cache, head_size, section, interleaved)
     torch.testing.assert_close(got_q, want_q[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_k, want_k[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
-
-
-def test_bench_suite_plumbing(device, monkeypatch):
-    """The GPU bench's plumbing (inputs, sweep, transformers peers, rows) on tiny sizes, timing stubbed,
-    so a GPU run is not spent finding a typo."""
-    pytest.importorskip("transformers")
-    import atom_kernels.bench.mrope as suite
-
-    monkeypatch.setattr(suite.timing, "measure", lambda fn, **kw: [fn(), {"us": 1.0, "graph": True}][1])
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
-    monkeypatch.setattr(suite, "SWEEP_BLOCK_H", (4,))
-    monkeypatch.setattr(suite, "SWEEP_WARPS", (4,))
-    monkeypatch.setattr(suite, "L2_DEFEAT_BYTES", 1)  # one input copy
-    ctx = {"copy_bytes_per_s": 4e12}
-    for case, fused in ((suite.CASES[1], False), (suite.CASES[2], True)):
-        rows = suite.bench_case(case, 8, fused, ctx, device=device.type)
-        assert not [r for r in rows if "error" in r], rows
-        impls = [r["impl"] for r in rows]
-        assert {"atom-triton", "hf-eager", "hf-compile", "atom-triton-best", "floor"} <= set(impls)
-        best = next(r for r in rows if r["impl"] == "atom-triton-best")
-        assert best["floor_us"] == pytest.approx(best["bytes"] / 4e12 * 1e6)
-
-
-def test_bench_quick_run_narrowed_by_environment(device, monkeypatch):
-    """``--quick`` with the case and peer filters the decisive GPU run uses: only the chosen case, the shipped
-    config and the quick set of its shape class (both kernels), eager transformers only."""
-    pytest.importorskip("transformers")
-    import atom_kernels.bench.mrope as suite
-
-    monkeypatch.setattr(suite.timing, "measure", lambda fn, **kw: [fn(), {"us": 1.0, "graph": True}][1])
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: pytest.fail("the compile peer was filtered out"))
-    monkeypatch.setattr(suite, "TOKENS", (4,))
-    monkeypatch.setattr(suite, "L2_DEFEAT_BYTES", 1)
-    monkeypatch.setenv(suite.CASES_ENV, "qwen3.5+qknorm")
-    monkeypatch.setenv(suite.PEERS_ENV, "eager")
-    rows = suite.run({"copy_bytes_per_s": 4e12, "quick": True, "device": device.type})
-    assert not [r for r in rows if "error" in r], rows
-    assert {r["case"] for r in rows} == {"qwen3.5+qknorm"}
-    swept = [r["config"] for r in rows if r["impl"] == "atom-triton"]
-    shape = mrope_triton.shape_class(256, 64, True)
-    assert swept == [vars(c) for c in dict.fromkeys([mrope_triton.CONFIGS[shape], *suite.QUICK_SWEEP[shape]])]
-    assert {r["impl"] for r in rows} == {"atom-triton", "hf-eager", "atom-triton-best", "floor"}
-    best = next(r for r in rows if r["impl"] == "atom-triton-best")
-    assert set(best["best_us_by_kernel"]) == {"chunks", "pairs"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

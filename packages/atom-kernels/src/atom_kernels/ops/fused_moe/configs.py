@@ -2,7 +2,7 @@
 
 The class is chosen from the mean number of tokens per expert (``T*k / E``): at one token per expert
 the kernels stream weights (memory-bound, small row blocks, deep pipelines); at hundreds they are
-GEMMs (large tiles).  ``python -m atom_kernels.bench moe`` sweeps ``SWEEP`` and reports every
+GEMMs (large tiles).  ``python -m atom_tools.kernels moe`` sweeps ``SWEEP`` and reports every
 configuration per case, so one GPU run picks these numbers.
 """
 

@@ -4,7 +4,7 @@ q heads or of k heads.
 Each program reads its token's position rows, and for every frequency gathers cos/sin straight from the
 cache row of the position its section assigns — no separate gather pass, no intermediate cos/sin
 tensor.  Launch configurations are data (:data:`CONFIGS`, keyed by :func:`shape_class`);
-``python -m atom_kernels.bench mrope`` sweeps them on a GPU.
+``python -m atom_tools.kernels mrope`` sweeps them on a GPU.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Config:
     kernel: str = "chunks"  # a key of KERNELS: how a program lays out the dims of its heads
 
 
-# Chosen per shape class from H200 sweeps of ``python -m atom_kernels.bench mrope``: "chunks" runs Qwen3.5's fused
+# Chosen per shape class from H200 sweeps of ``python -m atom_tools.kernels mrope``: "chunks" runs Qwen3.5's fused
 # q/k norm (heads of 256) at 1.2x the floor, 2.4x faster than "pairs"; for heads of 128 the two are within noise, so one
 # kernel serves every case.
 CONFIGS: dict[str, Config] = {

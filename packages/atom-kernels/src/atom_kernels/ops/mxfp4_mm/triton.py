@@ -63,7 +63,7 @@ CONFIGS: dict[str, dict] = {
 }
 
 # On "lanes" weights (the default byte order on sm_90) by the largest token count each serves (None: any): the
-# fastest configuration of each range in the bench's sweep at N = K = 8192 (``python -m atom_kernels.bench mxfp4``;
+# fastest configuration of each range in the bench's sweep at N = K = 8192 (``python -m atom_tools.kernels mxfp4``;
 # up to 16 tokens only where the ring kernel does not run).
 LANES_CONFIGS: tuple[tuple[int | None, dict], ...] = (
     (16, dict(block_n=64, block_m=16, block_k=256, split_k=4, group=1, num_warps=4, num_stages=3)),
