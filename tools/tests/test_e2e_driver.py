@@ -47,12 +47,14 @@ def test_run_fills_one_entry_per_checkpoint_and_saves_as_it_goes(tmp_path, monke
                                                    "vocab_size": 100}))
     out = tmp_path / "report.json"
     args = parse(["--models", "qwen3-8b,llama3-8b", "--formats", "bf16,fp8-block", "--layers", "2",
-                  "--checkpoint", f"mine={given}", "--workdir", str(tmp_path), "--out", str(out)])
+                  "--checkpoint", f"mine={given}", "--workdir", str(tmp_path / "new" / "work"), "--out", str(out)])
     report = driver.new_report(args, "cpu", {"host": "1.0"}, {"dtype": "bfloat16"})
     seen = []
 
     def compare(entry, model_dir, prompts, save):
         assert model_dir.is_dir() and prompts and max(max(p) for p in prompts) < 100
+        if entry["model"] != "mine":  # --workdir is made when missing; the checkpoints go in a directory inside
+            assert tmp_path / "new" / "work" in model_dir.parents
         if entry["model"] == "llama3-8b":  # the previous model's checkpoints are gone
             assert not (model_dir.parents[1] / "qwen3-8b").exists()
         entry["measured"] = True

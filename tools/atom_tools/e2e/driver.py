@@ -183,6 +183,8 @@ def run(args: argparse.Namespace, report: dict, compare: Compare, given_format: 
     def save() -> None:
         Path(args.out).write_text(json.dumps(report, indent=1))
 
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)  # each run's checkpoints in a fresh directory inside
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for name in args.names:
             arch, layers = MODELS[name]
