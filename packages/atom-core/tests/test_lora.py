@@ -1,0 +1,177 @@
+"""LoRA adapters made by peft, applied in ATOM's linear layers by the native runner, against transformers + peft.
+
+Every adapter here has random A *and* B (peft starts B at zero, which would make an adapter a no-op and these
+tests unable to fail).  fp32 on CPU: the tolerance is parity's FP32_LOGIT_ATOL (summation order only).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import hf_model
+from parity import FP32_LOGIT_ATOL, PROMPTS, reference_greedy, reference_logits
+from safetensors.torch import save_file
+
+from atom_core.errors import CheckpointError, UnsupportedConfigError, UsageError
+from atom_core.lora import load_adapter, parse_lora_option
+from atom_core.runtime.runner import Runner
+from atom_core.runtime.sampler import SamplingParams
+
+peft = pytest.importorskip("peft")
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+DENSE = [*ATTENTION, "gate_proj", "up_proj", "down_proj"]
+NEW_TOKENS = 6
+
+
+def make_adapter(model_dir: str, out, targets: list[str], *, seed: int, r: int = 4, alpha: int = 8,
+                 rslora: bool = False):
+    """A peft adapter of ``model_dir`` with random A and B, saved at ``out``; returns (dir, the peft model)."""
+    model = peft.get_peft_model(hf_model(model_dir), peft.LoraConfig(
+        r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, use_rslora=rslora))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    model.save_pretrained(out)
+    return str(out), model.eval()
+
+
+def assert_close(got: list[torch.Tensor], want: list[torch.Tensor], what: str) -> None:
+    for prompt, g, w in zip(PROMPTS, got, want):
+        err = (g - w).abs().max().item()
+        assert err <= FP32_LOGIT_ATOL, f"{what}, prompt of {len(prompt)} tokens: max |Δlogit| {err:.2e}"
+
+
+def assert_greedy(runner: Runner, reference, adapters) -> None:
+    outputs = runner.generate(PROMPTS, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True), adapters=adapters)
+    for prompt, out, ref in zip(PROMPTS, outputs, reference):
+        tokens, _ = reference_greedy(ref, prompt, NEW_TOKENS)
+        assert out.token_ids == tokens, f"prompt of {len(prompt)} tokens: {out.token_ids} != reference {tokens}"
+
+
+@pytest.mark.parametrize("arch, targets, rslora", [
+    ("LlamaForCausalLM", DENSE, False),
+    ("Qwen3ForCausalLM", DENSE, True),
+    ("Qwen3MoeForCausalLM", ATTENTION, False),  # attention targets of a MoE family (experts are refused, below)
+])
+def test_adapter_matches_peft(tiny, tmp_path, arch, targets, rslora):
+    model_dir = tiny(arch)
+    adapter_dir, reference = make_adapter(model_dir, tmp_path / "a", targets, seed=1, rslora=rslora)
+    runner = Runner(model_dir, lora={"a": adapter_dir})
+    got = runner.prompt_logits(PROMPTS, adapters=["a"] * len(PROMPTS))
+    assert_close(got, reference_logits(reference, PROMPTS), "adapter a")
+    base = reference_logits(hf_model(model_dir), PROMPTS)
+    assert min((g - b).abs().max().item() for g, b in zip(got, base)) > 100 * FP32_LOGIT_ATOL, "the adapter changed nothing"
+    assert_greedy(runner, [reference] * len(PROMPTS), ["a"] * len(PROMPTS))
+
+
+def test_two_adapters_and_none_in_one_batch(tiny, tmp_path):
+    """Each prompt of one batch gets its own adapter's answer; the prompt without one gets the base model's."""
+    model_dir = tiny("Qwen3ForCausalLM")
+    a_dir, a_ref = make_adapter(model_dir, tmp_path / "a", DENSE, seed=1)
+    b_dir, b_ref = make_adapter(model_dir, tmp_path / "b", ["q_proj", "v_proj", "down_proj"], seed=2, r=8, alpha=4)
+    base = hf_model(model_dir)
+    runner = Runner(model_dir, lora={"a": a_dir, "b": b_dir})
+    refs = [a_ref, b_ref, base]
+    adapters = ["a", "b", None]
+    got = runner.prompt_logits(PROMPTS, adapters=adapters)
+    want = [reference_logits(ref, [p])[0] for ref, p in zip(refs, PROMPTS)]
+    assert_close(got, want, "mixed batch")
+    assert_greedy(runner, refs, adapters)
+    # the same batch the other way round: adapters follow the prompt, not the position
+    got = runner.prompt_logits(PROMPTS, adapters=[None, "a", "b"])
+    want = [reference_logits(ref, [p])[0] for ref, p in zip([base, a_ref, b_ref], PROMPTS)]
+    assert_close(got, want, "mixed batch, rotated")
+    assert_close(runner.prompt_logits(PROMPTS), reference_logits(base, PROMPTS), "no adapters")
+
+
+def test_runner_without_adapters_is_unchanged(tiny):
+    model_dir = tiny("LlamaForCausalLM")
+    assert_close(Runner(model_dir).prompt_logits(PROMPTS), reference_logits(hf_model(model_dir), PROMPTS), "base")
+
+
+def _write_adapter(out, tensors: dict[str, torch.Tensor], **config) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 2, **config}))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "adapter_model.safetensors"))
+    return str(out)
+
+
+def _pair(module: str, rows: int, cols: int, r: int = 2) -> dict[str, torch.Tensor]:
+    return {f"base_model.model.{module}.lora_A.weight": torch.randn(r, cols),
+            f"base_model.model.{module}.lora_B.weight": torch.randn(rows, r)}
+
+
+@pytest.mark.parametrize("module, message", [
+    ("model.layers.0.mlp.experts.0.gate_proj", "is an MoE expert: LoRA is supported on ATOM's linear layers only"),
+    ("model.layers.0.mlp.gate", "is a Router"),
+    ("model.embed_tokens", "is a VocabParallelEmbedding"),
+    ("model.layers.0.self_attn.nothing_here", "names no module of"),
+])
+def test_unsupported_targets_are_refused(tiny, tmp_path, module, message):
+    model_dir = tiny("Qwen3MoeForCausalLM")
+    adapter = _write_adapter(tmp_path / "x", _pair(module, 8, 8))
+    with pytest.raises(UnsupportedConfigError, match=message) as err:
+        Runner(model_dir, lora={"x": adapter})
+    assert module in str(err.value) and "\n" not in str(err.value)
+
+
+def test_adapter_shape_mismatch(tiny, tmp_path):
+    adapter = _write_adapter(tmp_path / "x", _pair("model.layers.0.self_attn.q_proj", 5, 7))
+    with pytest.raises(CheckpointError, match="do not fit the layer"):
+        Runner(tiny("LlamaForCausalLM"), lora={"x": adapter})
+
+
+@pytest.mark.parametrize("config, tensors, error, message", [
+    ({"peft_type": "IA3"}, None, UnsupportedConfigError, "peft_type 'IA3'"),
+    ({"use_dora": True}, None, UnsupportedConfigError, "DoRA"),
+    ({"bias": "all"}, None, UnsupportedConfigError, "trained biases"),
+    ({"modules_to_save": ["lm_head"]}, None, UnsupportedConfigError, "modules_to_save"),
+    ({"r": 0}, None, CheckpointError, "r must be a positive integer"),
+    ({"lora_alpha": "big"}, None, CheckpointError, "lora_alpha must be a finite number"),
+    ({}, {"base_model.model.m.lora_A.weight": torch.randn(2, 4)}, CheckpointError, "has no lora_B"),
+    ({}, {"base_model.model.m.lora_embedding_A": torch.randn(2, 4)}, UnsupportedConfigError, "not a LoRA A/B weight"),
+    ({}, {"base_model.model.m.lora_A.weight": torch.randn(3, 4), "base_model.model.m.lora_B.weight": torch.randn(4, 3)},
+     CheckpointError, "do not have rank r = 2"),
+])
+def test_bad_adapter_files(tmp_path, config, tensors, error, message):
+    adapter = _write_adapter(tmp_path / "x", tensors or _pair("m", 4, 4), **config)
+    with pytest.raises(error, match=message) as err:
+        load_adapter("x", adapter)
+    assert "\n" not in str(err.value)
+
+
+def test_adapter_paths_and_names(tmp_path):
+    outside = _write_adapter(tmp_path / "outside", _pair("m", 4, 4))
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
+    (linked / "adapter_model.safetensors").symlink_to(f"{outside}/adapter_model.safetensors")
+    with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
+        load_adapter("x", linked)
+    with pytest.raises(UsageError, match="is not a directory"):
+        load_adapter("x", tmp_path / "missing")
+    with pytest.raises(CheckpointError, match="adapter_config.json is missing"):
+        load_adapter("x", tmp_path)
+    for bad in ("../a", "", "a b", "x" * 65):
+        with pytest.raises(UsageError, match="adapter name"):
+            load_adapter(bad, outside)
+    assert parse_lora_option("sql=/a/b")[0] == "sql"
+    with pytest.raises(UsageError, match="expected NAME=PATH"):
+        parse_lora_option("/a/b")
+
+
+def test_unknown_adapter_name_in_a_request(tiny, tmp_path):
+    model_dir = tiny("LlamaForCausalLM")
+    adapter = _write_adapter(tmp_path / "x", _pair("model.layers.0.self_attn.q_proj", 256, 256))
+    runner = Runner(model_dir, lora={"x": adapter})
+    with pytest.raises(UsageError, match="adapter 'y' is not loaded"):
+        runner.prompt_logits(PROMPTS, adapters=["y", None, None])
+    with pytest.raises(UsageError, match="one per prompt"):
+        runner.prompt_logits(PROMPTS, adapters=["x"])
+    with pytest.raises(UsageError, match="built without LoRA adapters"):
+        Runner(model_dir).prompt_logits(PROMPTS, adapters=["x", None, None])
