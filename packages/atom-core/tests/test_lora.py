@@ -236,3 +236,27 @@ def test_adapter_under_tensor_parallelism(tiny, tmp_path):
     want = [reference_logits(ref, [p])[0] for ref, p in zip([reference, base, reference], PROMPTS)]
     for rank in range(2):
         assert_close(torch.load(f"{out}.{rank}"), want, f"rank {rank}")
+
+
+def test_generate_command_with_lora(tiny, tmp_path, capsys):
+    """``atom generate --lora NAME=PATH [--adapter NAME ...]``: each prompt's tokens are transformers + peft's."""
+    from atom_core.cli import main
+
+    model_dir = tiny("Qwen3ForCausalLM")
+    a_dir, a_ref = make_adapter(model_dir, tmp_path / "a", DENSE, seed=1)
+    b_dir, b_ref = make_adapter(model_dir, tmp_path / "b", ATTENTION, seed=2)
+    prompts = PROMPTS[:2]
+    common = ["generate", "--model", model_dir, "--prompt-token-ids", ",".join(map(str, prompts[0])),
+              "--prompt-token-ids", ",".join(map(str, prompts[1])), "--max-new-tokens", str(NEW_TOKENS),
+              "--dtype", "float32", "--device", "cpu", "--ignore-eos", "--json"]
+    assert main([*common, "--lora", f"a={a_dir}"]) == 0  # the only adapter: every prompt uses it
+    lines = [json.loads(line)["token_ids"] for line in capsys.readouterr().out.strip().splitlines()]
+    assert lines == [reference_greedy(a_ref, p, NEW_TOKENS)[0] for p in prompts]
+    assert main([*common, "--lora", f"a={a_dir}", "--lora", f"b={b_dir}", "--adapter", "b", "--adapter", "a"]) == 0
+    lines = [json.loads(line)["token_ids"] for line in capsys.readouterr().out.strip().splitlines()]
+    assert lines == [reference_greedy(ref, p, NEW_TOKENS)[0] for ref, p in zip([b_ref, a_ref], prompts)]
+    for bad, message in ((["--lora", f"a={a_dir}", "--lora", f"b={b_dir}"], "name the one the prompts use"),
+                         (["--lora", f"../x={a_dir}"], "adapter name '../x'"),
+                         (["--lora", f"a={a_dir}", "--adapter", "c"], "adapter 'c' is not loaded")):
+        assert main([*common, *bad]) == 2
+        assert message in capsys.readouterr().err
