@@ -148,6 +148,22 @@ def test_unsupported_targets_are_refused(tiny, tmp_path, module, message):
     assert module in str(err.value) and "\n" not in str(err.value)
 
 
+def test_latent_attention_absorbed_projection_refused(tiny, tmp_path):
+    """DeepSeek-V3's kv_b_proj is read as a weight by the latent attention: an adapter there is refused, not
+    silently dropped; its other projections take adapters."""
+    from atom_core.config import load_hf_config
+
+    model_dir = tiny("DeepseekV3ForCausalLM")
+    cfg = load_hf_config(model_dir)
+    heads = cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+    adapter = _write_adapter(tmp_path / "x", _pair("model.layers.0.self_attn.kv_b_proj", heads, cfg.kv_lora_rank))
+    with pytest.raises(UnsupportedConfigError, match="kv_b_proj.*read by the attention itself"):
+        Runner(model_dir, lora={"x": adapter})
+    adapter = _write_adapter(tmp_path / "o", _pair("model.layers.0.self_attn.o_proj", cfg.hidden_size,
+                                                   cfg.num_attention_heads * cfg.v_head_dim))
+    assert Runner(model_dir, lora={"o": adapter}).model.model.layers[0].self_attn.o_proj.lora is not None
+
+
 def test_adapter_shape_mismatch(tiny, tmp_path):
     adapter = _write_adapter(tmp_path / "x", _pair("model.layers.0.self_attn.q_proj", 5, 7))
     with pytest.raises(CheckpointError, match="do not fit the layer"):

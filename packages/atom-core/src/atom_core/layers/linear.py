@@ -53,6 +53,9 @@ class LinearBase(nn.Module):
         self.quant_method = method or UnquantizedLinearMethod()
         self.quant_method.create_weights(self, params_dtype)
         self.lora = None  # a LoraDelta once adapters are attached
+        # False where a host reads the weight itself instead of calling forward (latent attention's kv_b_proj):
+        # an adapter there would never apply, so atom_core.lora refuses it
+        self.adapts_in_forward = True
         if bias:
             self.bias = make_param(
                 (sum(self.out_partitions),), params_dtype, output_dim=0 if self.parallel != "row" else None

@@ -89,6 +89,9 @@ def _target_layer(model: nn.Module, adapter: LoraAdapter, module: str) -> tuple[
         kind = "an MoE expert" if "experts" in layer_name.split(".") else f"a {type(layer).__name__}"
         raise UnsupportedConfigError(f"{where} is {kind}: LoRA is supported on ATOM's linear layers only (attention "
                                      "projections, dense and shared-expert MLPs)")
+    if not layer.adapts_in_forward:
+        raise UnsupportedConfigError(f"{where}: its weight is read by the attention itself (latent attention's "
+                                     "absorbed projection), so a LoRA delta there would never apply")
     if shard_id is None and len(layer.shard_ids) > 1:
         raise UnsupportedConfigError(f"{where} targets the fused {layer_name} as a whole: adapters on a fused module "
                                      "are supported per checkpoint module only")
