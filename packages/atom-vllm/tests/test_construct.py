@@ -213,3 +213,20 @@ def test_bad_checkpoint_fails_with_atoms_message(every_architecture_built, tiny_
         assert message in r["error"] and "\n" not in r["error"], f"{case}: {r['error']}"
         if case in FILE_CASES:
             assert r["error"].startswith(f"{model}/model.safetensors: "), f"{case}: {r['error']}"
+
+
+def test_enable_lora_refused_by_atoms_class_not_vllms(tiny_models, probe):
+    """vLLM with --enable-lora and ATOM's class: a one-line UnsupportedConfigError naming the architecture and the
+    switch that keeps vLLM's own class, raised when the class is built (before any weight is read), rather than
+    vLLM's "does not support LoRA yet" after loading (that ATOM_TAKE_OVER=none gives vLLM's own class is
+    test_plugin's).  vLLM 0.34 refuses first, when it builds its config (its message names the architecture and
+    SupportsLoRA)."""
+    model = tiny_models["Qwen3ForCausalLM"]
+    (atom,) = probe("construct", [model], errors="yes", enable_lora="yes")
+    if atom.get("error_type", "").endswith("ValidationError"):
+        # vLLM 0.34 refuses itself, earlier, when it builds its config: the inspected class is not SupportsLoRA
+        assert "LoRA is not supported for Qwen3ForCausalLM" in atom["error"], atom
+        return
+    assert atom.get("error_type") == "atom_core.errors.UnsupportedConfigError", atom
+    assert atom["error"].startswith("Qwen3ForCausalLM: vLLM's LoRA (--enable-lora) is not supported with ATOM's class")
+    assert "ATOM_TAKE_OVER=none" in atom["error"] and "\n" not in atom["error"]

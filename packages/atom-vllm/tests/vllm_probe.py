@@ -412,11 +412,13 @@ def _multimodal_checks(model, model_dir: str) -> dict:
     return out
 
 
-def construct(dirs: list[str], errors: bool = False, attention_backend: str | None = None) -> list[dict]:
+def construct(dirs: list[str], errors: bool = False, attention_backend: str | None = None,
+              enable_lora: bool = False) -> list[dict]:
     """Build each model the way vLLM's loader does, with every parameter first filled with NaN, then let
     vLLM's DefaultModelLoader feed its weight iterator to the model's load_weights.  ``errors``: a directory
     whose construction or load raises gives ``{"dir", "error_type", "error"}`` instead, and the next one runs.
-    ``attention_backend``: vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM`."""
+    ``attention_backend``: vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM`; ``enable_lora``: vLLM's
+    ``--enable-lora``."""
     if attention_backend:
         _selecting_cpu_platform()
     else:
@@ -434,13 +436,15 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
     for model_dir in dirs:
         if errors:
             try:
-                out += construct([model_dir], attention_backend=attention_backend)
+                out += construct([model_dir], attention_backend=attention_backend, enable_lora=enable_lora)
             except Exception as err:
                 out.append({"dir": model_dir, "error_type": f"{type(err).__module__}.{type(err).__qualname__}",
                             "error": str(err)})
             continue
         began = time.perf_counter()
         backend = {"attention_backend": attention_backend} if attention_backend else {}
+        if enable_lora:
+            backend["enable_lora"] = True
         args = EngineArgs(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True,
                           **backend)
         vllm_config = args.create_engine_config()
@@ -597,6 +601,7 @@ def main() -> None:
     parser.add_argument("--inspect", choices=["yes", "no"], default="yes")
     parser.add_argument("--compiled", choices=["yes", "no"], default="no")
     parser.add_argument("--errors", choices=["yes", "no"], default="no")
+    parser.add_argument("--enable-lora", choices=["yes", "no"], default="no")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--images", default=None)
@@ -605,7 +610,8 @@ def main() -> None:
     if args.command == "resolve":
         result = resolve(args.dirs, inspect=args.inspect == "yes")
     elif args.command == "construct":
-        result = construct(args.dirs, errors=args.errors == "yes", attention_backend=args.attention_backend)
+        result = construct(args.dirs, errors=args.errors == "yes", attention_backend=args.attention_backend,
+                           enable_lora=args.enable_lora == "yes")
     elif args.command == "backend":
         from attention_backend_checks import check_backend
 

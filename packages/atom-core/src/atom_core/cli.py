@@ -49,21 +49,45 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         prompts = args.prompt_token_ids
     check_prompts(prompts, text.vocab_size, getattr(text, "max_position_embeddings", None), params.max_new_tokens)
+    lora, adapters = _lora_arguments(args.lora, args.adapter, len(prompts))
     runner = Runner(args.model, device=device, dtype=DTYPES[args.dtype], quantization=args.quantization,
-                    cuda_graphs=args.cuda_graphs)
+                    cuda_graphs=args.cuda_graphs, lora=lora)
     if args.image:
         prompts = _image_prompts(runner, args.image, prompts)
     if args.json:
-        for out in runner.generate(prompts, params):
+        for out in runner.generate(prompts, params, adapters=adapters):
             print(json.dumps({"token_ids": out.token_ids, "logprobs": out.logprobs}))
     elif len(prompts) == 1 and sys.stdout.isatty():  # a terminal: the text as it is generated
         stream = TextStream(tokenizer, sys.stdout)
-        runner.generate(prompts, params, on_token=lambda _, token: stream.add(token))
+        runner.generate(prompts, params, on_token=lambda _, token: stream.add(token), adapters=adapters)
         stream.end()
     else:
-        for out in runner.generate(prompts, params):
+        for out in runner.generate(prompts, params, adapters=adapters):
             print(TextStream(tokenizer).text(out.token_ids))
     return 0
+
+
+def _lora_arguments(lora: list[str], adapter: list[str], prompts: int) -> tuple[dict, list[str] | None]:
+    """``--lora NAME=PATH`` options -> {name: path}; ``--adapter`` options -> each prompt's adapter (one name for every
+    prompt, or one per prompt; none given: the only --lora adapter)."""
+    from atom_core.errors import UsageError
+    from atom_core.lora import parse_lora_option
+
+    loaded: dict[str, Path] = {}
+    for value in lora:
+        name, path = parse_lora_option(value)
+        if name in loaded:
+            raise UsageError(f"--lora {name}=... is given twice")
+        loaded[name] = path
+    if not adapter:
+        if len(loaded) > 1:
+            raise UsageError(f"{len(loaded)} --lora adapters: name the one the prompts use with --adapter")
+        adapter = list(loaded)
+    if adapter and not loaded:
+        raise UsageError("--adapter names an adapter, but no --lora NAME=PATH loads one")
+    if len(adapter) not in (0, 1, prompts):
+        raise UsageError(f"{len(adapter)} --adapter names for {prompts} prompts: give one, or one per prompt")
+    return loaded, (adapter * prompts if len(adapter) == 1 else adapter) or None
 
 
 class TextStream:
@@ -253,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--quantization", default=None, choices=["ptpc-fp8", "fp8-block", "mxfp4"],
                      help="quantize an unquantized checkpoint's linear layers at load")
     gen.add_argument("--json", action="store_true", help='one {"token_ids", "logprobs"} object per prompt')
+    gen.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                     help="load the peft LoRA adapter directory PATH as NAME (repeatable)")
+    gen.add_argument("--adapter", action="append", default=[], metavar="NAME",
+                     help="the adapter the prompts use: once for all, or once per prompt (default: the only --lora)")
     gen.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                      help="replay decode steps from CUDA graphs captured per batch-size bucket (default: on a GPU)")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,

@@ -255,6 +255,7 @@ CONTRACT: tuple[Symbol, ...] = (
     Symbol("sglang.srt.managers.multimodal_processor:get_mm_processor_cls", ("hf_config",), releases=">=0.5.20",
            used_by="SGLang's processor choice by architecture name (tested)"),
     Symbol("sglang.srt.runtime_context:get_server_args", (), used_by="compat.MAMBA_EXTRA_BUFFER (< 0.5.20)"),
+    Symbol("sglang.srt.runtime_context:get_lora", (), used_by="compat.lora_enabled"),
     Symbol("sglang.srt.server_args:ServerArgs.enable_mamba_extra_buffer", ("self",), releases="<0.5.20",
            used_by="compat.MAMBA_EXTRA_BUFFER"),
     Symbol("sglang.srt.runtime_context:get_exec", (),
@@ -342,6 +343,17 @@ def unsupported_parallelism() -> str | None:
             "--enable-dp-attention) is not supported by ATOM models"
         )
     return None
+
+
+def lora_enabled() -> bool:
+    """Whether the server runs with LoRA (``--enable-lora``, or ``--lora-paths``, which sets it): the published
+    ``lora`` namespace (a model built outside a server, with nothing published, has none)."""
+    from sglang.srt.runtime_context import get_lora
+
+    try:
+        return bool(get_lora().enable_lora)
+    except ValueError:  # "config namespace 'lora' not published"
+        return False
 
 
 def unsupported_latent_attention() -> str | None:

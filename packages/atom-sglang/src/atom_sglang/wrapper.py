@@ -54,6 +54,11 @@ class SGLangCausalLM(nn.Module):
         reason = compat.unsupported_parallelism()
         if reason is not None:
             raise UnsupportedConfigError(f"{name}: {reason}")
+        if compat.lora_enabled():  # else SGLang's LoRA manager fails after loading: it wraps SGLang's layer types only
+            raise UnsupportedConfigError(
+                f"{name}: SGLang's LoRA (--enable-lora / --lora-paths) is not supported with ATOM's class yet "
+                "(SGLang's LoRA manager wraps SGLang's own linear layers only); set ATOM_TAKE_OVER=none, or leave "
+                f"{name} out of it, to serve it with SGLang's own class")
         # SGLang's quant_config configures SGLang's layers; ATOM's layers read the checkpoint's
         # quantization_config with ATOM's own schemes.
         _, host = build_model(config, lambda quant: SGLangHost(quant=quant), into=self, prefix=prefix,

@@ -4,7 +4,8 @@ quantization method (unquantized by default).
 ``y = x Wᵀ + b``.  A *column*-parallel layer splits W's output features over the ranks (no
 communication); a *row*-parallel layer splits the input features and all-reduces the partial sums.
 Fused layers (q|k|v, gate|up) concatenate several logical *shards*, each loaded from its own
-checkpoint tensor and split over the ranks on its own.
+checkpoint tensor and split over the ranks on its own.  A layer given LoRA adapters (``lora``, set by
+:func:`atom_core.lora.attach_adapters`) adds their per-token delta to its base output.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class LinearBase(nn.Module):
         method = host.quant.linear_method(self, prefix) if host.quant is not None else None
         self.quant_method = method or UnquantizedLinearMethod()
         self.quant_method.create_weights(self, params_dtype)
+        self.lora = None  # a LoraDelta once adapters are attached
+        # False where a host reads the weight itself instead of calling forward (latent attention's kv_b_proj):
+        # an adapter there would never apply, so atom_core.lora refuses it
+        self.adapts_in_forward = True
         if bias:
             self.bias = make_param(
                 (sum(self.out_partitions),), params_dtype, output_dim=0 if self.parallel != "row" else None
@@ -120,6 +125,11 @@ class LinearBase(nn.Module):
         """Output features of each shard as a checkpoint stores them."""
         return list(self.output_sizes)
 
+    def apply_base(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The base weight's product (any quantization method), plus the adapters' delta when there are some."""
+        y = self.quant_method.apply(self, x, bias)
+        return self.lora(x, y) if self.lora is not None else y
+
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_sizes}, parallel={self.parallel}, tp={self.tp.world_size}"
 
@@ -152,7 +162,7 @@ class ReplicatedLinear(LinearBase):
         super().__init__(input_size, [output_size], **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x, self.bias)
+        return self.apply_base(x, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -161,7 +171,7 @@ class ColumnParallelLinear(LinearBase):
     parallel = "column"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x, self.bias)
+        return self.apply_base(x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -215,7 +225,7 @@ class RowParallelLinear(LinearBase):
         self.reduce_results = reduce_results
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.quant_method.apply(self, x, None)
+        y = self.apply_base(x, None)  # a partial delta joins the partial sum
         if self.tp.world_size > 1:
             if not self.reduce_results:
                 return y + self.bias if self.bias is not None and self.tp.rank == 0 else y

@@ -82,6 +82,7 @@ class LatentAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, cfg.rms_norm_eps)
         self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, [heads * (self.nope_dim + self.v_dim)], host=host,
                                               prefix=f"{prefix}.kv_b_proj")
+        self.kv_b_proj.adapts_in_forward = False  # the host's latent attention reads its weight (W_UK | W_UV)
         self.o_proj = RowParallelLinear(heads * self.v_dim, cfg.hidden_size, bias=bias, host=host, prefix=f"{prefix}.o_proj")
         self.num_heads = self.kv_b_proj.out_partitions[0] // (self.nope_dim + self.v_dim)  # this rank's heads
         self.rotary_emb = get_rope(self.rope_dim, self.rope_dim, cfg.max_position, cfg.rope, is_neox=not dims.rope_interleave,

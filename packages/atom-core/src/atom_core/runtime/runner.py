@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from atom_core.errors import CheckpointError, DeviceUnavailableError, UsageError
 from atom_core.host import TensorParallel
 from atom_core.layers.rotary import grow_position_tables
 from atom_core.loader import Checkpoint
+from atom_core.lora import LoraSet, attach_adapters, load_adapter
 from atom_core.paths import inside
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.graphs import DecodeGraphs
@@ -82,7 +83,9 @@ INITIAL_POSITIONS = 8192  # the rotary tables' first size; grown to what a batch
 class Runner:
     def __init__(self, model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  block_size: int = 16, tp: TensorParallel | None = None, quantization: str | None = None,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, lora: Mapping[str, str | Path] | None = None):
+        """``lora``: adapter name -> peft adapter directory; a prompt picks one by name (``adapters=`` of
+        :meth:`generate` and :meth:`prompt_logits`), several in one batch.  Decode steps run eagerly with adapters."""
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
         self.dtype = dtype
@@ -97,6 +100,10 @@ class Runner:
                 spec=self.spec, online=quantization)
         self.model.load_weights(Checkpoint(self.model_dir))
         self.model.eval()
+        self.lora: LoraSet | None = None
+        if lora:
+            self.lora = attach_adapters(self.model, [load_adapter(name, path) for name, path in lora.items()])
+            cuda_graphs = False  # the captured decode steps do not read the per-token adapter index
         self.eos_token_ids = _eos_ids(self.hf_config, self.model_dir)
         self.position_rows = self.model.position_rows  # 3: the model wants MRoPE positions
         # decode steps replayed from CUDA graphs per batch bucket: on by default on a GPU (captured, replayed and equal
@@ -151,8 +158,18 @@ class Runner:
         grids = torch.cat([im.image_grid_thw for im in images])
         return self.model.multimodal_forward_inputs(input_ids, pixels, grids)
 
+    def _adapter_indices(self, adapters: Sequence[str | None] | None, count: int) -> list[int] | None:
+        """Each prompt's adapter index (None: no prompt uses one)."""
+        if adapters is None or all(a is None for a in adapters):
+            return None
+        if len(adapters) != count:
+            raise UsageError(f"{len(adapters)} adapter names for {count} prompts: give one per prompt (None for none)")
+        if self.lora is None:
+            raise UsageError("an adapter is asked for, but the runner was built without LoRA adapters (lora=)")
+        return [self.lora.index(a) for a in adapters]
+
     def _step(self, seqs: list[SequenceSlots], new_tokens: list[list[int]], plans: list[PositionPlan],
-              images: list[ImageInputs] | None = None) -> torch.Tensor:
+              images: list[ImageInputs] | None = None, adapters: list[int] | None = None) -> torch.Tensor:
         """Run the model over each sequence's new tokens; returns hidden states ``[sum(new), H]``."""
         allocator = self.host.kv_cache.allocator
         starts = [s.length for s in seqs]
@@ -173,10 +190,15 @@ class Runner:
             positions = positions[0]
         kwargs = self._multimodal_inputs(input_ids, images) if images else {}
         self.host.context = ctx
+        if adapters is not None:
+            self.lora.token_adapter = torch.tensor([i for i, toks in zip(adapters, new_tokens) for _ in toks],
+                                                   dtype=torch.int64, device=self.device)
         try:
             return self.model(input_ids, positions, **kwargs)
         finally:
             self.host.context = None
+            if self.lora is not None:
+                self.lora.token_adapter = None
 
     def _decode_step(self, seqs: list[SequenceSlots], tokens: list[int], plans: list[PositionPlan]) -> torch.Tensor:
         """One new token per sequence, through the decode graphs: hidden states ``[len(seqs), H]``."""
@@ -191,16 +213,20 @@ class Runner:
                 and all(len(t) == 1 and s.length > 0 for s, t in zip(seqs, new_tokens)))
 
     @torch.inference_mode()
-    def prompt_logits(self, prompts: Sequence[Sequence[int] | Prompt]) -> list[torch.Tensor]:
-        """Logits at every position of each prompt, all prompts prefilled in one batch."""
+    def prompt_logits(self, prompts: Sequence[Sequence[int] | Prompt],
+                      adapters: Sequence[str | None] | None = None) -> list[torch.Tensor]:
+        """Logits at every position of each prompt, all prompts prefilled in one batch (``adapters``: each
+        prompt's LoRA adapter name, or None)."""
         prompts = [as_prompt(p) for p in prompts]
+        adapter_ids = self._adapter_indices(adapters, len(prompts))
         check_prompts([p.token_ids for p in prompts], text_config(self.hf_config).vocab_size)
         images = [p.images for p in prompts if p.images is not None]
         self._ensure_cache(sum(len(p.token_ids) for p in prompts) + self.block_size * len(prompts))
         self._ensure_positions(max(len(p.token_ids) for p in prompts))
         seqs = self._new_sequences(len(prompts))
         try:
-            hidden = self._step(seqs, [p.token_ids for p in prompts], [self._position_plan(p) for p in prompts], images)
+            hidden = self._step(seqs, [p.token_ids for p in prompts], [self._position_plan(p) for p in prompts], images,
+                                adapter_ids)
             logits = self.model.compute_logits(hidden).float()
             return list(logits.split([len(p.token_ids) for p in prompts]))
         finally:
@@ -208,11 +234,14 @@ class Runner:
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int] | Prompt], params: SamplingParams | None = None,
-                 on_token: Callable[[int, int], None] | None = None) -> list[GenerationOutput]:
+                 on_token: Callable[[int, int], None] | None = None,
+                 adapters: Sequence[str | None] | None = None) -> list[GenerationOutput]:
         """Generate for every prompt at once; ``on_token(prompt_index, token)`` is called for each token as it is
-        sampled (streaming), before the outputs are returned."""
+        sampled (streaming), before the outputs are returned; ``adapters``: each prompt's LoRA adapter name, or
+        None."""
         params = params or SamplingParams()
         prompt_inputs = [as_prompt(p) for p in prompts]
+        adapter_ids = self._adapter_indices(adapters, len(prompt_inputs))
         prompts = [p.token_ids for p in prompt_inputs]
         plans = [self._position_plan(p) for p in prompt_inputs]
         images = [p.images for p in prompt_inputs if p.images is not None]  # all consumed by the prefill step
@@ -231,7 +260,7 @@ class Runner:
                 if self._graph_step(step[0], step[1], images):
                     hidden = self._decode_step(step[0], [t for (t,) in step[1]], step[2])
                 else:
-                    hidden = self._step(*step, images)
+                    hidden = self._step(*step, images, [adapter_ids[i] for i in active] if adapter_ids else None)
                 images = None
                 if hidden.shape[0] != len(active):  # prompt tokens in this step: each sequence's last token
                     hidden = hidden[torch.tensor([len(pending[i]) for i in active], device=self.device).cumsum(0) - 1]

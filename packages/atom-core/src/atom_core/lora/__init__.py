@@ -1,0 +1,7 @@
+"""LoRA adapters applied in ATOM's own linear layers: peft adapter directories (:mod:`.adapter`) and the
+per-token, many-adapters-per-batch delta those layers add (:mod:`.layers`)."""
+
+from atom_core.lora.adapter import LoraAdapter, load_adapter, parse_lora_option
+from atom_core.lora.layers import LoraSet, attach_adapters
+
+__all__ = ["LoraAdapter", "LoraSet", "attach_adapters", "load_adapter", "parse_lora_option"]
