@@ -26,6 +26,7 @@ from atom_core.runtime.kv_cache import SequenceSlots
 from atom_core.runtime.multimodal import ImageInputs, Prompt, as_prompt
 from atom_core.runtime.positions import PositionPlan
 from atom_core.runtime.sampler import SamplingParams, sample
+from atom_core.runtime.speculative import SpeculativeDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ INITIAL_POSITIONS = 8192  # the rotary tables' first size; grown to what a batch
 class Runner:
     def __init__(self, model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  block_size: int = 16, tp: TensorParallel | None = None, quantization: str | None = None,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, speculative_tokens: int = 0):
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
         self.dtype = dtype
@@ -104,6 +105,12 @@ class Runner:
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         self.decode_graphs = DecodeGraphs(self.model, self.host, self.device, self.position_rows) if cuda_graphs else None
+        # greedy speculative decoding with the checkpoint's draft layers (built over the same host, before any
+        # KV cache is allocated, so the cache holds their layers too)
+        self.speculative = None
+        if speculative_tokens:
+            with torch.device(self.device), _default_dtype(dtype):
+                self.speculative = SpeculativeDecoder(self, speculative_tokens)
 
     # ------------------------------------------------------------------------------------- steps
     def _ensure_cache(self, slots_needed: int) -> None:
@@ -214,6 +221,12 @@ class Runner:
         params = params or SamplingParams()
         prompt_inputs = [as_prompt(p) for p in prompts]
         prompts = [p.token_ids for p in prompt_inputs]
+        if self.speculative is not None:
+            if any(p.images is not None for p in prompt_inputs):
+                raise UsageError("speculative decoding takes text prompts only: images were given")
+            limit = self.model.decoder_config.max_position
+            check_prompts(prompts, text_config(self.hf_config).vocab_size, limit, params.max_new_tokens)
+            return self.speculative.generate(prompts, params, on_token)
         plans = [self._position_plan(p) for p in prompt_inputs]
         images = [p.images for p in prompt_inputs if p.images is not None]  # all consumed by the prefill step
         limit = self.model.decoder_config.max_position if hasattr(self.model, "decoder_config") else None
