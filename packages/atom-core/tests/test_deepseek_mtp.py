@@ -180,3 +180,20 @@ def test_speculative_refusals(mtp_dir, tiny):
         Runner(tiny(ARCH), device="cpu", dtype=torch.float32, speculative_tokens=2)
     with pytest.raises(UnsupportedArchitectureError, match="no draft model"):
         Runner(tiny("LlamaForCausalLM"), device="cpu", dtype=torch.float32, speculative_tokens=2)
+
+
+def test_generate_command_speculative(mtp_dir, capsys):
+    """``atom generate --speculative N`` prints the tokens greedy decoding gives and the acceptance on stderr."""
+    from atom_core.cli import main
+
+    model_dir = mtp_dir(0.0)
+    args = ["generate", "--model", model_dir, "--prompt-token-ids", "5,17,99", "--max-new-tokens", "8", "--ignore-eos",
+            "--dtype", "float32", "--device", "cpu", "--json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--speculative", "2"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["token_ids"] == plain["token_ids"]
+    assert re.search(r"speculative decoding: \d+/\d+ draft tokens accepted", captured.err)
+    assert main([*args, "--speculative", "2", "--temperature", "0.5"]) == 2
+    assert "--speculative decodes greedily" in capsys.readouterr().err
