@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,41 +24,27 @@ from safetensors.torch import save_file
 from atom_core.errors import CheckpointError, UnsupportedArchitectureError, UnsupportedConfigError, UsageError
 from atom_core.runtime.runner import Runner
 from atom_core.runtime.sampler import SamplingParams
+from atom_core.tiny import add_mtp_layer
 
 ARCH = "DeepseekV3ForCausalLM"
 DRAFT_LOGIT_ATOL = 1e-4  # fp32: ATOM and the reference differ in summation order only
 MIN_ACCEPTANCE_AGREEING = 0.9
 
 
-def with_mtp_layer(src: str, dst: Path, *, agreeing: float | None = None, seed: int = 0) -> str:
-    """A copy of the tiny checkpoint at ``src`` with one MTP layer (``model.layers.<N>``) as DeepSeek publishes it.
-
-    Its decoder layer copies the target's last layer, its norms and ``eh_proj`` are random.  ``agreeing`` (a scale
-    in [0, 1]): the target's MLP outputs are zeroed and its attention outputs scaled by ``agreeing``, and the MTP layer
-    reduced to ``head(norm(embed(next token)))`` -- so at 0 the target's next token depends on the current token alone
-    and the draft predicts it exactly; above 0 the target also reads its context and the draft is right less often."""
+def with_mtp_layer(src: str, dst: Path, *, agreeing: float | None = None) -> str:
+    """The tiny checkpoint at ``src`` with one MTP layer (:func:`atom_core.tiny.add_mtp_layer`).  ``agreeing`` (a
+    scale in [0, 1]): the target's MLP outputs are zeroed and its attention outputs scaled by ``agreeing``, and the MTP
+    layer reduced to ``head(norm(embed(next token)))`` -- so at 0 the target's next token depends on the current
+    token alone and the draft predicts it exactly; above 0 the target also reads its context and the draft is right
+    less often."""
     if (dst / "config.json").exists():
         return str(dst)
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config["num_nextn_predict_layers"] = 1
-    (dst / "config.json").write_text(json.dumps(config))
-    n, hidden = config["num_hidden_layers"], config["hidden_size"]
-    tensors = read_tensors(src)
-    gen = torch.Generator().manual_seed(seed)
-    last = f"model.layers.{n - 1}."
-    mtp = {f"model.layers.{n}." + name[len(last):]: t.clone() for name, t in tensors.items() if name.startswith(last)}
-    mtp.update({
-        f"model.layers.{n}.enorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
-        f"model.layers.{n}.hnorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
-        f"model.layers.{n}.eh_proj.weight": torch.randn(hidden, 2 * hidden, generator=gen) / (2 * hidden) ** 0.5,
-        f"model.layers.{n}.shared_head.norm.weight": tensors["model.norm.weight"].clone(),
-        f"model.layers.{n}.shared_head.head.weight": tensors["lm_head.weight"].clone(),
-        f"model.layers.{n}.embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
-    })
-    if agreeing is not None:
+
+    def agree(tensors: dict, mtp: dict) -> None:
+        n = json.loads((Path(src) / "config.json").read_text())["num_hidden_layers"]
+        hidden = tensors["model.norm.weight"].shape[0]
         for name in tensors:
-            if re.search(r"down_proj\.weight$", name):
+            if name.endswith("down_proj.weight"):
                 tensors[name] = torch.zeros_like(tensors[name])
             elif name.endswith("o_proj.weight"):
                 tensors[name] = tensors[name] * agreeing
@@ -68,10 +53,8 @@ def with_mtp_layer(src: str, dst: Path, *, agreeing: float | None = None, seed: 
                 mtp[name] = torch.zeros_like(mtp[name])
         mtp[f"model.layers.{n}.enorm.weight"] = torch.ones(hidden)
         mtp[f"model.layers.{n}.eh_proj.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
-    for file in dst.glob("*.safetensors*"):
-        file.unlink()
-    save_file({**tensors, **mtp}, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    return str(dst)
+
+    return str(add_mtp_layer(src, dst, edit=agree if agreeing is not None else None))
 
 
 @pytest.fixture(scope="session")

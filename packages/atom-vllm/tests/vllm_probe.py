@@ -8,6 +8,8 @@ every check sees a fresh process (vLLM loads plugins once per process) with its 
                                     DIR[@DTYPE[@SSM_DTYPE]]...
                                     LLM.generate, greedy (DTYPE: the model's dtype, float32 unless given;
                                     SSM_DTYPE: vLLM's mamba_ssm_cache_dtype, "auto" unless given)
+    python vllm_probe.py draft     --out F DIR...   the draft model of --speculative-config method mtp: construction
+                                                            + vLLM's weight loading
     python vllm_probe.py backend   --out F -                ATOM's attention backend: registration, vLLM's
                                                             capability checks, forward on vLLM's metadata
 
@@ -476,6 +478,50 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
     return out
 
 
+def draft(dirs: list[str], method: str = "mtp") -> list[dict]:
+    """Build each checkpoint's draft model as vLLM's speculative decoding does (``--speculative-config`` with
+    ``method``, one draft token): the engine config, then the draft's class from ``draft_model_config``, every
+    parameter first filled with NaN, then vLLM's loader feeding the checkpoint to its load_weights.  A release that
+    refuses speculative decoding here gives ``{"dir", "stage": "config", "error"}``."""
+    _force_cpu_platform()
+    _cpu_platform_without_triton()
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    out = []
+    for model_dir in dirs:
+        args = EngineArgs(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True,
+                          speculative_config={"method": method, "num_speculative_tokens": 1})
+        try:
+            vllm_config = args.create_engine_config()
+        except Exception as err:
+            out.append({"dir": model_dir, "stage": "config", "error": f"{type(err).__name__}: {err}"})
+            continue
+        draft_config = vllm_config.speculative_config.draft_model_config
+        with set_current_vllm_config(vllm_config):
+            _init_distributed()
+            with set_default_torch_dtype(draft_config.dtype), torch.device("cpu"):
+                model = initialize_model(vllm_config=vllm_config, model_config=draft_config)
+            params = dict(model.named_parameters())
+            with torch.no_grad():
+                for p in params.values():
+                    p.fill_(float("nan"))
+            returned = model.load_weights(get_model_loader(vllm_config.load_config).get_all_weights(draft_config, model))
+            process_weights_after_loading(model, draft_config, torch.device("cpu"))
+        context = vllm_config.compilation_config.static_forward_context
+        out.append({
+            "dir": model_dir, "method": vllm_config.speculative_config.method, "arch": draft_config.architectures[0],
+            "module": type(model).__module__, "qualname": type(model).__qualname__, "params": sorted(params),
+            "returned": sorted(returned), "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
+            "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
+        })
+    return out
+
+
 def _linear_methods(model) -> dict[str, str]:
     """Module name -> quantization method class of each of ATOM's linear layers."""
     from atom_core.layers.linear import LinearBase
@@ -582,7 +628,7 @@ def _release() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["resolve", "construct", "generate", "backend"])
+    parser.add_argument("command", choices=["resolve", "construct", "generate", "backend", "draft"])
     parser.add_argument("dirs", nargs="+")
     parser.add_argument("--out", required=True)
     parser.add_argument("--prompts", default="[[1, 2, 3, 4]]")
@@ -599,6 +645,8 @@ def main() -> None:
         result = resolve(args.dirs, inspect=args.inspect == "yes")
     elif args.command == "construct":
         result = construct(args.dirs, errors=args.errors == "yes", attention_backend=args.attention_backend)
+    elif args.command == "draft":
+        result = draft(args.dirs)
     elif args.command == "backend":
         from attention_backend_checks import check_backend
 

@@ -105,9 +105,10 @@ class DeepSeekMTP(DeepseekV3ForCausalLM):
     def _layer(self, step: int) -> MTPLayer:
         return self.model.layers[str(self.layer_ids[step % len(self.layer_ids)])]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, previous_hidden: torch.Tensor,
-                step: int = 0) -> torch.Tensor:
-        return self._layer(step)(positions, self.model.embed_tokens(input_ids), previous_hidden)
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, previous_hidden: torch.Tensor,
+                step: int = 0, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        embeds = inputs_embeds if inputs_embeds is not None else self.model.embed_tokens(input_ids)
+        return self._layer(step)(positions, embeds, previous_hidden)
 
     def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
         head = self._layer(step).shared_head
