@@ -32,29 +32,11 @@ MIN_ACCEPTANCE_AGREEING = 0.9
 
 
 def with_mtp_layer(src: str, dst: Path, *, agreeing: float | None = None) -> str:
-    """The tiny checkpoint at ``src`` with one MTP layer (:func:`atom_core.tiny.add_mtp_layer`).  ``agreeing`` (a
-    scale in [0, 1]): the target's MLP outputs are zeroed and its attention outputs scaled by ``agreeing``, and the MTP
-    layer reduced to ``head(norm(embed(next token)))`` -- so at 0 the target's next token depends on the current
-    token alone and the draft predicts it exactly; above 0 the target also reads its context and the draft is right
-    less often."""
+    """The tiny checkpoint at ``src`` with one MTP layer (:func:`atom_core.tiny.add_mtp_layer`; ``agreeing``: a
+    target the draft predicts, exactly at 0, less often above)."""
     if (dst / "config.json").exists():
         return str(dst)
-
-    def agree(tensors: dict, mtp: dict) -> None:
-        n = json.loads((Path(src) / "config.json").read_text())["num_hidden_layers"]
-        hidden = tensors["model.norm.weight"].shape[0]
-        for name in tensors:
-            if name.endswith("down_proj.weight"):
-                tensors[name] = torch.zeros_like(tensors[name])
-            elif name.endswith("o_proj.weight"):
-                tensors[name] = tensors[name] * agreeing
-        for name in mtp:
-            if re.search(r"(down_proj|o_proj)\.weight$", name):
-                mtp[name] = torch.zeros_like(mtp[name])
-        mtp[f"model.layers.{n}.enorm.weight"] = torch.ones(hidden)
-        mtp[f"model.layers.{n}.eh_proj.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
-
-    return str(add_mtp_layer(src, dst, edit=agree if agreeing is not None else None))
+    return str(add_mtp_layer(src, dst, agreeing=agreeing))
 
 
 @pytest.fixture(scope="session")

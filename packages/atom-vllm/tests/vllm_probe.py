@@ -545,8 +545,11 @@ def _multimodal_prompt(prompt: list[int], images: dict | None):
 
 def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False,
              tensor_parallel_size: int = 1, attention_backend: str | None = None, images: list | None = None,
-             engine_process: str = "inproc") -> list[dict]:
-    """Greedy tokens of each checkpoint; ``compiled``: with vLLM's torch.compile (its default), else eager;
+             engine_process: str = "inproc", speculative: int = 0) -> list[dict]:
+    """Greedy tokens of each checkpoint; ``speculative`` > 0: that many draft tokens from the checkpoint's MTP
+    layers (``--speculative-config`` method ``mtp``), the result then has the class vLLM's registry names for the
+    draft and vLLM's speculative-decoding counters (drafts proposed, accepted); ``compiled``: with vLLM's
+    torch.compile (its default), else eager;
     ``tensor_parallel_size`` > 1: vLLM's tensor parallelism, one worker process per rank; ``attention_backend``:
     vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM` (a checkpoint whose engine refuses to start
     gives ``{"dir", "error_type", "error"}`` and the next one runs).  ``images``: per prompt, None or
@@ -580,6 +583,9 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
         cache = {"mamba_ssm_cache_dtype": ssm_dtype} if ssm_dtype else {}
         if attention_backend:
             cache["attention_backend"] = attention_backend
+        if speculative:
+            cache["speculative_config"] = {"method": "mtp", "num_speculative_tokens": speculative}
+            cache["disable_log_stats"] = False  # LLM.get_metrics reads the counters it would otherwise not keep
         start = time.perf_counter()
         try:
             llm = LLM(model=model_dir, skip_tokenizer_init=not images, enforce_eager=not compiled, dtype=dtype,
@@ -607,6 +613,13 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
                     "rank_classes": [".".join(c) for c in classes], "attention_layers": attention,
                     "tokens": [list(r.outputs[0].token_ids) for r in results],
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
+        if speculative:
+            from vllm import ModelRegistry
+
+            entry = ModelRegistry.models.get("DeepSeekMTPModel")
+            out[-1]["draft_class"] = f"{getattr(entry, 'module_name', None)}:{getattr(entry, 'class_name', None)}"
+            out[-1]["spec_metrics"] = {m.name: m.value for m in llm.get_metrics()
+                                       if "spec_decode_num" in m.name and hasattr(m, "value")}
         if images:
             out[-1]["prompt_token_ids"] = [list(r.prompt_token_ids) for r in results]
             out[-1]["logprobs"] = [[step[token].logprob for step, token in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
@@ -640,6 +653,7 @@ def main() -> None:
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--images", default=None)
     parser.add_argument("--engine-process", choices=["inproc", "spawn"], default="inproc")
+    parser.add_argument("--speculative", type=int, default=0)
     args = parser.parse_args()
     if args.command == "resolve":
         result = resolve(args.dirs, inspect=args.inspect == "yes")
@@ -654,7 +668,8 @@ def main() -> None:
     else:
         result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes",
                           tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend,
-                          images=json.loads(args.images) if args.images else None, engine_process=args.engine_process)
+                          images=json.loads(args.images) if args.images else None, engine_process=args.engine_process,
+                          speculative=args.speculative)
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 
