@@ -87,7 +87,9 @@ class VllmDraftAdapter:
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_states: torch.Tensor,
                 intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None,
-                spec_step_idx: int = 0) -> torch.Tensor:
+                spec_step_idx: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden states for compute_logits, hidden states for the next draft step)``: vLLM's drafter unpacks the
+        pair for ``DeepSeekMTPModel`` (every tested release)."""
         if intermediate_tensors is not None:
             raise UnsupportedConfigError(f"{type(self).__name__}: ATOM's draft models do not support pipeline "
                                          "parallelism yet")

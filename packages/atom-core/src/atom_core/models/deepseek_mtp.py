@@ -7,10 +7,10 @@ checkpoint carries past its decoder (``model.layers.<num_hidden_layers + i>``, `
         y   = decoder_layer(x) + its residual                    latent attention over the layer's own KV cache
         logits = shared_head.head(shared_head.norm(y))           a guess at t_{p+2}
 
-``h_p`` is the target's last hidden state (after its final norm); a second draft step takes the layer's own ``y``
-in its place.  Drafts step ``k`` runs layer ``k mod num_nextn_predict_layers``.  The token embedding is the target's
-(``model.embed_tokens``); the copy DeepSeek stores in each MTP layer (``model.layers.<n>.embed_tokens``) is equal to
-it and is skipped.
+``h_p`` is the target's last hidden state (after its final norm); a second draft step takes the layer's own
+``shared_head.norm(y)`` in its place (as vLLM's and SGLang's MTP layers recycle it).  Draft step ``k`` runs layer
+``k mod num_nextn_predict_layers``.  The token embedding is the target's (``model.embed_tokens``); the copy DeepSeek
+stores in each MTP layer (``model.layers.<n>.embed_tokens``) is equal to it and is skipped.
 """
 
 from __future__ import annotations
@@ -63,11 +63,13 @@ class MTPLayer(nn.Module):
         self.shared_head = SharedHead(cfg, host=host)
         self.mtp_block = block
 
-    def forward(self, positions: torch.Tensor, embeds: torch.Tensor, previous_hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, embeds: torch.Tensor,
+                previous_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         embeds = embeds.masked_fill((positions == 0)[:, None], 0.0)
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(previous_hidden)], dim=-1))
         y, residual = self.mtp_block(positions, x, None)
-        return y + residual
+        y = y + residual
+        return y, self.shared_head.norm(y)
 
 
 class MTPModel(nn.Module):
@@ -80,9 +82,10 @@ class MTPModel(nn.Module):
 class DeepSeekMTP(DeepseekV3ForCausalLM):
     """The MTP layers of a ``DeepseekV3ForCausalLM`` checkpoint as a draft model (vLLM's ``DeepSeekMTPModel``).
 
-    ``forward(input_ids, positions, previous_hidden, step)`` returns the layer's hidden states;
-    ``compute_logits(hidden, step)`` the draft's logits.  It shares its host (and so the KV-cache slots of each
-    position) with the target: the native runner builds both over one host."""
+    ``forward(input_ids, positions, previous_hidden, step)`` returns ``(y, shared_head.norm(y))``: the hidden states
+    ``compute_logits(y, step)`` turns into the draft's logits, and the ones the next draft step takes as
+    ``previous_hidden`` (the pair vLLM's and SGLang's drafters expect of ``DeepSeekMTPModel``).  It shares its host
+    (and so the KV-cache slots of each position) with the target: the native runner builds both over one host."""
 
     def __init__(self, hf_config: Any, host: Host, prefix: str = ""):
         CausalLM.__init__(self, hf_config, host)  # the target's decoder is not built: only the MTP layers
@@ -106,7 +109,7 @@ class DeepSeekMTP(DeepseekV3ForCausalLM):
         return self.model.layers[str(self.layer_ids[step % len(self.layer_ids)])]
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, previous_hidden: torch.Tensor,
-                step: int = 0, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                step: int = 0, inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         embeds = inputs_embeds if inputs_embeds is not None else self.model.embed_tokens(input_ids)
         return self._layer(step)(positions, embeds, previous_hidden)
 

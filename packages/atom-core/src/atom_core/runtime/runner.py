@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from atom_core.runtime.graphs import DecodeGraphs
 from atom_core.runtime.host import NativeHost
 from atom_core.runtime.kv_cache import SequenceSlots
 from atom_core.runtime.multimodal import ImageInputs, Prompt, as_prompt
+from atom_core.runtime.outputs import GenerationOutput
 from atom_core.runtime.positions import PositionPlan
 from atom_core.runtime.sampler import SamplingParams, sample
 from atom_core.runtime.speculative import SpeculativeDecoder
@@ -31,14 +31,6 @@ from atom_core.runtime.speculative import SpeculativeDecoder
 logger = logging.getLogger(__name__)
 
 GENERATION_CONFIG = "generation_config.json"
-
-
-@dataclass
-class GenerationOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

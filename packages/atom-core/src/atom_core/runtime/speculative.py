@@ -6,7 +6,7 @@ Per sequence, ``P`` positions hold the target's KV and ``pending`` is the token 
 
 1. draft: the draft layer runs over the positions the target finished since its last run, each with the target's
    hidden state there and the token after it (the last one is ``pending``), then ``k - 1`` more single steps on its
-   own guesses; it guesses ``x_1 .. x_k`` for positions ``P + 1 .. P + k``;
+   own guesses (each taking the previous step's recycled hidden state); it guesses ``x_1 .. x_k`` for positions ``P + 1 .. P + k``;
 2. verify: the target runs over ``[pending, x_1 .. x_k]`` at positions ``P .. P + k``; its greedy tokens ``y_0 .. y_k``;
 3. accept: ``n`` = the longest run with ``x_j = y_{j-1}``; ``x_1 .. x_n, y_n`` are emitted, ``P`` becomes
    ``P + n + 1`` and the KV of the rejected positions is discarded (their blocks go back to the allocator).
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -29,10 +29,8 @@ from atom_core.errors import UsageError
 from atom_core.loader import Checkpoint
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.kv_cache import SequenceSlots
+from atom_core.runtime.outputs import GenerationOutput
 from atom_core.runtime.sampler import SamplingParams, sample
-
-if TYPE_CHECKING:
-    from atom_core.runtime.runner import GenerationOutput, Runner
 
 
 @dataclass
@@ -66,7 +64,8 @@ def truncate(seq: SequenceSlots, length: int, block_size: int, release: Callable
 class SpeculativeDecoder:
     """The draft model of ``runner``'s checkpoint over the runner's host, and the greedy draft-verify loop."""
 
-    def __init__(self, runner: Runner, num_draft_tokens: int):
+    def __init__(self, runner: Any, num_draft_tokens: int):
+        """``runner``: the :class:`atom_core.runtime.runner.Runner` whose model, host and sequences this decoder uses."""
         if num_draft_tokens < 1:
             raise UsageError(f"speculative decoding needs at least 1 draft token, got {num_draft_tokens}")
         if runner.position_rows != 1 or catalog.HYBRID in runner.spec.capabilities:
@@ -113,7 +112,7 @@ class SpeculativeDecoder:
             runner.host.context = None
 
     def _draft_call(self, input_ids: torch.Tensor, positions: torch.Tensor, *, previous: torch.Tensor,
-                    step: int) -> torch.Tensor:
+                    step: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model(input_ids, positions, previous, step)
 
     def _draft(self, seqs: list[_Sequence], counts: list[int]) -> list[list[int]]:
@@ -126,10 +125,10 @@ class SpeculativeDecoder:
         starts = [s.drafted for s in batch]
         ends = [s.slots.length for s in batch]  # P: the pending token's position
         previous = torch.cat([torch.cat(s.hidden) for s in batch])
-        out = self._forward(partial(self._draft_call, previous=previous, step=0), [s.slots for s in batch], starts,
-                            [s.tokens[a + 1 : e + 1] for s, a, e in zip(batch, starts, ends)])
+        out, recycled = self._forward(partial(self._draft_call, previous=previous, step=0), [s.slots for s in batch],
+                                      starts, [s.tokens[a + 1 : e + 1] for s, a, e in zip(batch, starts, ends)])
         last = torch.tensor([e - a for a, e in zip(starts, ends)], device=out.device).cumsum(0) - 1
-        hidden = out[last]
+        hidden, recycled = out[last], recycled[last]
         for s, e in zip(batch, ends):
             s.drafted, s.hidden = e, []
         for step in range(max(counts[b] for b in rows)):
@@ -140,7 +139,7 @@ class SpeculativeDecoder:
             live = [i for i, b in enumerate(rows) if len(drafts[b]) < counts[b]]
             if not live:
                 break
-            hidden = self._forward(partial(self._draft_call, previous=hidden[live], step=step + 1),
+            hidden, recycled = self._forward(partial(self._draft_call, previous=recycled[live], step=step + 1),
                                    [batch[i].slots for i in live], [ends[i] + step for i in live],
                                    [[drafts[rows[i]][-1]] for i in live])
             rows, batch, ends = [rows[i] for i in live], [batch[i] for i in live], [ends[i] for i in live]
@@ -149,8 +148,6 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> list[GenerationOutput]:
-        from atom_core.runtime.runner import GenerationOutput
-
         if params.temperature != 0:
             raise UsageError(f"speculative decoding is greedy only: temperature must be 0, got {params.temperature}")
         runner = self.runner
@@ -232,7 +229,8 @@ class SpeculativeDecoder:
         (slots,) = runner._new_sequences(1)
         try:
             hidden = self._forward(runner.model, [slots], [0], [prompt])
-            out = self._forward(lambda ids, pos: self.model(ids, pos, hidden, 0), [slots], [0], [prompt[1:] + [next_token]])
+            out, _ = self._forward(lambda ids, pos: self.model(ids, pos, hidden, 0), [slots], [0],
+                                   [prompt[1:] + [next_token]])
             return self.model.compute_logits(out).float()
         finally:
             runner._release([slots])
