@@ -39,6 +39,13 @@ class SequenceSlots:
         self.length += new_tokens
         return slots
 
+    def truncate(self, length: int, block_size: int, allocator: BlockAllocator) -> None:
+        """Drop the slots of positions ``>= length``; blocks no longer used go back to ``allocator``."""
+        keep = -(-length // block_size)
+        allocator.release(self.blocks[keep:])
+        del self.blocks[keep:]
+        self.length = length
+
     def slot_row(self, block_size: int, width: int) -> list[int]:
         row = [self.blocks[pos // block_size] * block_size + pos % block_size for pos in range(self.length)]
         return row + [0] * (width - len(row))

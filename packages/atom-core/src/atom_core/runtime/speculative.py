@@ -53,14 +53,6 @@ class _Sequence:
     drafted: int = 0  # positions before this one went through the draft with the target's hidden state
 
 
-def truncate(seq: SequenceSlots, length: int, block_size: int, release: Callable[[list[int]], None]) -> None:
-    """Drop the slots of positions ``>= length`` (blocks no longer used go back to the allocator)."""
-    keep = -(-length // block_size)
-    release(seq.blocks[keep:])
-    del seq.blocks[keep:]
-    seq.length = length
-
-
 class SpeculativeDecoder:
     """The draft model of ``runner``'s checkpoint over the runner's host, and the greedy draft-verify loop."""
 
@@ -158,7 +150,7 @@ class SpeculativeDecoder:
         runner._ensure_positions(max(len(p) for p in prompts) + params.max_new_tokens + k)
         outputs = [GenerationOutput(list(p)) for p in prompts]
         seqs = [_Sequence(slots, list(p)) for slots, p in zip(runner._new_sequences(len(prompts)), prompts)]
-        release = runner.host.kv_cache.allocator.release
+        allocator = runner.host.kv_cache.allocator
 
         def emit(i: int, token: int, logprob: float) -> bool:
             """Record one token of sequence i; False once it is finished."""
@@ -210,7 +202,7 @@ class SpeculativeDecoder:
                             break
                     seq.tokens += target[: n + 1]
                     seq.hidden.append(h[: n + 1])
-                    truncate(seq.slots, start + n + 1, runner.block_size, release)
+                    seq.slots.truncate(start + n + 1, runner.block_size, allocator)
                     if going:
                         still.append(i)
                 active = still
