@@ -169,12 +169,18 @@ def test_atom_disable_switch(plugin_loading, monkeypatch):
     assert {arch: ModelRegistry.models.get(arch) for arch in served_architectures()} == before
 
 
+def registered_names() -> list[str]:
+    """The served architectures and the draft models of those among them that have one (atom_core.catalog.DRAFTS)."""
+    served = served_architectures()
+    return [*served, *(d.name for d in catalog.DRAFTS.values() if any(t in served for t in d.targets))]
+
+
 def test_register_is_idempotent(plugin_loading):
     from atom_vllm import plugin
 
     first = plugin.register()
     second = plugin.register()
-    assert first == second == {arch: f"atom_vllm.models:{arch}" for arch in served_architectures()}
+    assert first == second == {arch: f"atom_vllm.models:{arch}" for arch in registered_names()}
 
 
 def test_unsupported_version_stops_vllm_startup(plugin_loading, monkeypatch):
@@ -194,7 +200,7 @@ def test_unsupported_version_stops_vllm_startup(plugin_loading, monkeypatch):
     monkeypatch.setattr(plugin_loading, "plugins_loaded", False)
     monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "1")
     plugin_loading.load_general_plugins()
-    assert set(plugin._registered) == set(served_architectures())
+    assert set(plugin._registered) == set(registered_names())
 
 
 def test_every_architecture_resolves_to_atom_with_its_flags(tiny_models, probe):

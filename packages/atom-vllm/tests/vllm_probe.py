@@ -8,6 +8,8 @@ every check sees a fresh process (vLLM loads plugins once per process) with its 
                                     DIR[@DTYPE[@SSM_DTYPE]]...
                                     LLM.generate, greedy (DTYPE: the model's dtype, float32 unless given;
                                     SSM_DTYPE: vLLM's mamba_ssm_cache_dtype, "auto" unless given)
+    python vllm_probe.py draft     --out F DIR...   the draft model of --speculative-config method mtp: construction
+                                                            + vLLM's weight loading
     python vllm_probe.py backend   --out F -                ATOM's attention backend: registration, vLLM's
                                                             capability checks, forward on vLLM's metadata
 
@@ -487,6 +489,50 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
     return out
 
 
+def draft(dirs: list[str], method: str = "mtp") -> list[dict]:
+    """Build each checkpoint's draft model as vLLM's speculative decoding does (``--speculative-config`` with
+    ``method``, one draft token): the engine config, then the draft's class from ``draft_model_config``, every
+    parameter first filled with NaN, then vLLM's loader feeding the checkpoint to its load_weights.  A release that
+    refuses speculative decoding here gives ``{"dir", "stage": "config", "error"}``."""
+    _force_cpu_platform()
+    _cpu_platform_without_triton()
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    out = []
+    for model_dir in dirs:
+        args = EngineArgs(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True,
+                          speculative_config={"method": method, "num_speculative_tokens": 1})
+        try:
+            vllm_config = args.create_engine_config()
+        except Exception as err:
+            out.append({"dir": model_dir, "stage": "config", "error": f"{type(err).__name__}: {err}"})
+            continue
+        draft_config = vllm_config.speculative_config.draft_model_config
+        with set_current_vllm_config(vllm_config):
+            _init_distributed()
+            with set_default_torch_dtype(draft_config.dtype), torch.device("cpu"):
+                model = initialize_model(vllm_config=vllm_config, model_config=draft_config)
+            params = dict(model.named_parameters())
+            with torch.no_grad():
+                for p in params.values():
+                    p.fill_(float("nan"))
+            returned = model.load_weights(get_model_loader(vllm_config.load_config).get_all_weights(draft_config, model))
+            process_weights_after_loading(model, draft_config, torch.device("cpu"))
+        context = vllm_config.compilation_config.static_forward_context
+        out.append({
+            "dir": model_dir, "method": vllm_config.speculative_config.method, "arch": draft_config.architectures[0],
+            "module": type(model).__module__, "qualname": type(model).__qualname__, "params": sorted(params),
+            "returned": sorted(returned), "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
+            "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
+        })
+    return out
+
+
 def _linear_methods(model) -> dict[str, str]:
     """Module name -> quantization method class of each of ATOM's linear layers."""
     from atom_core.layers.linear import LinearBase
@@ -510,8 +556,11 @@ def _multimodal_prompt(prompt: list[int], images: dict | None):
 
 def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False,
              tensor_parallel_size: int = 1, attention_backend: str | None = None, images: list | None = None,
-             engine_process: str = "inproc") -> list[dict]:
-    """Greedy tokens of each checkpoint; ``compiled``: with vLLM's torch.compile (its default), else eager;
+             engine_process: str = "inproc", speculative: int = 0) -> list[dict]:
+    """Greedy tokens of each checkpoint; ``speculative`` > 0: that many draft tokens from the checkpoint's MTP
+    layers (``--speculative-config`` method ``mtp``), the result then has the class vLLM's registry names for the
+    draft and vLLM's speculative-decoding counters (drafts proposed, accepted); ``compiled``: with vLLM's
+    torch.compile (its default), else eager;
     ``tensor_parallel_size`` > 1: vLLM's tensor parallelism, one worker process per rank; ``attention_backend``:
     vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM` (a checkpoint whose engine refuses to start
     gives ``{"dir", "error_type", "error"}`` and the next one runs).  ``images``: per prompt, None or
@@ -545,6 +594,9 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
         cache = {"mamba_ssm_cache_dtype": ssm_dtype} if ssm_dtype else {}
         if attention_backend:
             cache["attention_backend"] = attention_backend
+        if speculative:
+            cache["speculative_config"] = {"method": "mtp", "num_speculative_tokens": speculative}
+            cache["disable_log_stats"] = False  # LLM.get_metrics reads the counters it would otherwise not keep
         start = time.perf_counter()
         try:
             llm = LLM(model=model_dir, skip_tokenizer_init=not images, enforce_eager=not compiled, dtype=dtype,
@@ -572,6 +624,13 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
                     "rank_classes": [".".join(c) for c in classes], "attention_layers": attention,
                     "tokens": [list(r.outputs[0].token_ids) for r in results],
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
+        if speculative:
+            from vllm import ModelRegistry
+
+            entry = ModelRegistry.models.get("DeepSeekMTPModel")
+            out[-1]["draft_class"] = f"{getattr(entry, 'module_name', None)}:{getattr(entry, 'class_name', None)}"
+            out[-1]["spec_metrics"] = {m.name: m.value for m in llm.get_metrics()
+                                       if "spec_decode_num" in m.name and hasattr(m, "value")}
         if images:
             out[-1]["prompt_token_ids"] = [list(r.prompt_token_ids) for r in results]
             out[-1]["logprobs"] = [[step[token].logprob for step, token in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
@@ -593,7 +652,7 @@ def _release() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["resolve", "construct", "generate", "backend"])
+    parser.add_argument("command", choices=["resolve", "construct", "generate", "backend", "draft"])
     parser.add_argument("dirs", nargs="+")
     parser.add_argument("--out", required=True)
     parser.add_argument("--prompts", default="[[1, 2, 3, 4]]")
@@ -606,12 +665,15 @@ def main() -> None:
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--images", default=None)
     parser.add_argument("--engine-process", choices=["inproc", "spawn"], default="inproc")
+    parser.add_argument("--speculative", type=int, default=0)
     args = parser.parse_args()
     if args.command == "resolve":
         result = resolve(args.dirs, inspect=args.inspect == "yes")
     elif args.command == "construct":
         result = construct(args.dirs, errors=args.errors == "yes", attention_backend=args.attention_backend,
                            enable_lora=args.enable_lora == "yes")
+    elif args.command == "draft":
+        result = draft(args.dirs)
     elif args.command == "backend":
         from attention_backend_checks import check_backend
 
@@ -619,7 +681,8 @@ def main() -> None:
     else:
         result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes",
                           tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend,
-                          images=json.loads(args.images) if args.images else None, engine_process=args.engine_process)
+                          images=json.loads(args.images) if args.images else None, engine_process=args.engine_process,
+                          speculative=args.speculative)
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 

@@ -331,3 +331,35 @@ def host_plan(extensions: Mapping[str, Any], host: str) -> tuple[list[str], dict
         else:
             served.append(name)
     return served, skipped
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """A draft model of speculative decoding that a target architecture's checkpoints carry."""
+
+    name: str  # the architecture the hosts resolve the draft by (vLLM's ``DeepSeekMTPModel``)
+    model: str  # "module:Class" of the ATOM implementation
+    targets: tuple[str, ...]  # the target architectures whose checkpoints hold its weights
+    method: str  # the hosts' speculative method name
+
+    def model_class(self) -> type:
+        module, _, name = self.model.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+DRAFTS: dict[str, DraftSpec] = {
+    spec.name: spec
+    for spec in (
+        DraftSpec("DeepSeekMTPModel", "atom_core.models.deepseek_mtp:DeepSeekMTP", ("DeepseekV3ForCausalLM",), "mtp"),
+    )
+}
+
+
+def draft_for(target: ArchSpec) -> DraftSpec:
+    """The draft of ``target``'s checkpoints; an :class:`UnsupportedArchitectureError` naming the ones that have one."""
+    for spec in DRAFTS.values():
+        if target.name in spec.targets:
+            return spec
+    have = sorted(t for spec in DRAFTS.values() for t in spec.targets)
+    raise UnsupportedArchitectureError(f"{target.name} has no draft model in ATOM for speculative decoding; "
+                                       f"drafts exist for: {', '.join(have)}")

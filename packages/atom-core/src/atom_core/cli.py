@@ -33,6 +33,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # arguments, device and checkpoint config are checked before anything is loaded or built
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed, ignore_eos=args.ignore_eos)
+    if args.speculative and args.temperature != 0:
+        raise UsageError(f"--speculative decodes greedily: it takes --temperature 0, got {args.temperature}")
+    if args.speculative < 0:
+        raise UsageError(f"--speculative takes a number of draft tokens >= 0, got {args.speculative}")
     device = resolve_device(args.device)
     check_environment(device.type)  # the kernel backends asked for can run there
     model_dir = Path(args.model)
@@ -51,7 +55,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_prompts(prompts, text.vocab_size, getattr(text, "max_position_embeddings", None), params.max_new_tokens)
     lora, adapters = _lora_arguments(args.lora, args.adapter, len(prompts))
     runner = Runner(args.model, device=device, dtype=DTYPES[args.dtype], quantization=args.quantization,
-                    cuda_graphs=args.cuda_graphs, lora=lora)
+                    cuda_graphs=args.cuda_graphs, lora=lora, speculative_tokens=args.speculative)
     if args.image:
         prompts = _image_prompts(runner, args.image, prompts)
     if args.json:
@@ -64,6 +68,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         for out in runner.generate(prompts, params, adapters=adapters):
             print(TextStream(tokenizer).text(out.token_ids))
+    if runner.speculative is not None:
+        stats = runner.speculative.stats
+        print(f"speculative decoding: {stats.accepted}/{stats.proposed} draft tokens accepted "
+              f"({100 * stats.acceptance_rate:.1f}%)", file=sys.stderr)
     return 0
 
 
@@ -276,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     gen.add_argument("--quantization", default=None, choices=["ptpc-fp8", "fp8-block", "mxfp4"],
                      help="quantize an unquantized checkpoint's linear layers at load")
+    gen.add_argument("--speculative", type=int, default=0, metavar="N",
+                     help="greedy speculative decoding with N draft tokens from the checkpoint's multi-token-prediction "
+                          "layers (DeepSeek-V3/R1); 0 = off (default)")
     gen.add_argument("--json", action="store_true", help='one {"token_ids", "logprobs"} object per prompt')
     gen.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                      help="load the peft LoRA adapter directory PATH as NAME (repeatable)")

@@ -18,7 +18,7 @@ import torch
 from atom_core import catalog
 from atom_core.config import text_config
 from atom_core.errors import UsageError
-from atom_core.staging import staged_dir
+from atom_core.staging import MARKER, staged_dir
 
 EOS_TOKEN = "<|endoftext|>"
 _CORPUS = """\
@@ -144,3 +144,53 @@ def write_processor_files(arch: str, config, out: Path, tokenizer=None) -> None:
     }, indent=1))
     if spec.tiny_preprocessor:
         (Path(out) / "preprocessor_config.json").write_text(json.dumps(spec.tiny_preprocessor, indent=1))
+
+
+def add_mtp_layer(src: str | Path, dst: str | Path, *, seed: int = 0, agreeing: float | None = None) -> Path:
+    """A copy at ``dst`` of the tiny DeepSeek-V3 checkpoint at ``src`` with one multi-token-prediction layer, named
+    as DeepSeek publishes it (``model.layers.<num_hidden_layers>.*``; transformers writes none): its decoder layer a
+    copy of the last one, ``enorm``/``hnorm``/``eh_proj`` random, the shared head the target's final norm and LM head.
+
+    ``agreeing`` (a scale in [0, 1]) makes a checkpoint whose draft is accepted often: the target's MLP outputs are
+    zeroed and its attention outputs scaled by ``agreeing``, and the MTP layer reduced to
+    ``head(norm(embed(next token)))``.  At 0 the target's next token depends on the current token alone and the draft
+    predicts it exactly; above 0 the target also reads its context and the draft is right less often."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    config = json.loads((src / "config.json").read_text())
+    n, hidden = config["num_hidden_layers"], config["hidden_size"]
+    tensors = {}
+    for file in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    gen = torch.Generator().manual_seed(seed)
+    last, layer = f"model.layers.{n - 1}.", f"model.layers.{n}."
+    mtp = {layer + name[len(last):]: t.clone() for name, t in tensors.items() if name.startswith(last)}
+    mtp.update({
+        f"{layer}enorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
+        f"{layer}hnorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
+        f"{layer}eh_proj.weight": torch.randn(hidden, 2 * hidden, generator=gen) / (2 * hidden) ** 0.5,
+        f"{layer}shared_head.norm.weight": tensors["model.norm.weight"].clone(),
+        f"{layer}shared_head.head.weight": tensors["lm_head.weight"].clone(),
+        f"{layer}embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
+    })
+    if agreeing is not None:
+        for name in tensors:
+            if name.endswith("down_proj.weight"):
+                tensors[name] = torch.zeros_like(tensors[name])
+            elif name.endswith("o_proj.weight"):
+                tensors[name] = tensors[name] * agreeing
+        for name in mtp:
+            if name.endswith(("down_proj.weight", "o_proj.weight")):
+                mtp[name] = torch.zeros_like(mtp[name])
+        mtp[f"{layer}enorm.weight"] = torch.ones(hidden)
+        mtp[f"{layer}eh_proj.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+    with staged_dir(dst, writer="atom_core.tiny.add_mtp_layer") as out:
+        for file in src.iterdir():
+            if file.is_file() and not file.name.startswith("model.safetensors") and file.name != MARKER:
+                shutil.copy(file, out / file.name)
+        (out / "config.json").write_text(json.dumps(dict(config, num_nextn_predict_layers=1), indent=2))
+        save_file({**tensors, **mtp}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return dst

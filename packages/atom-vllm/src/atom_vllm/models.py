@@ -75,6 +75,55 @@ def refuse_lora(vllm_config: Any, arch: str) -> None:
             "vLLM's own class")
 
 
+class VllmDraftAdapter:
+    """vLLM's draft-model interface (its ``DeepSeekMTP``: ``forward(input_ids, positions, hidden_states, ...,
+    spec_step_idx)``, ``compute_logits(hidden_states, spec_step_idx)``) over an atom-core draft model.  vLLM builds it
+    from ``--speculative-config`` (method ``mtp``) with the draft's config in ``speculative_config.draft_model_config``,
+    and shares the target's token embedding with it."""
+
+    atom_spec: ClassVar[catalog.DraftSpec]
+    atom_class: ClassVar[type]
+    packed_modules_mapping: ClassVar[dict[str, list[str]]]
+
+    def __init__(self, *, vllm_config: Any, prefix: str = ""):
+        draft = getattr(getattr(vllm_config, "speculative_config", None), "draft_model_config", None)
+        model_config = draft or vllm_config.model_config
+        _, host = build_model(model_config.hf_config, lambda quant: VllmHost(vllm_config, quant=quant), into=self,
+                              prefix=prefix, spec=self.atom_spec)
+        self.host = [host]
+        self.checkpoint_dir = model_config.model
+        vllm_logger().info("vLLM builds ATOM's %s draft (%s)", self.atom_spec.name, self.atom_spec.model)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_states: torch.Tensor,
+                intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None,
+                spec_step_idx: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden states for compute_logits, hidden states for the next draft step)``: vLLM's drafter unpacks the
+        pair for ``DeepSeekMTPModel`` (every tested release)."""
+        if intermediate_tensors is not None:
+            raise UnsupportedConfigError(f"{type(self).__name__}: ATOM's draft models do not support pipeline "
+                                         "parallelism yet")
+        return self.atom_class.forward(self, input_ids, positions, hidden_states, spec_step_idx, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
+        return self.atom_class.compute_logits(self, hidden_states, spec_step_idx)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return self.atom_class.load_weights(self, weights, strict=True)
+
+
+def build_draft_class(spec: catalog.DraftSpec) -> type:
+    atom_cls = spec.model_class()
+    namespace = {
+        "__module__": __name__, "__qualname__": spec.name, "__doc__": f"ATOM's {spec.name} draft ({spec.model}) inside vLLM.",
+        "atom_spec": spec, "atom_class": atom_cls,
+        "packed_modules_mapping": dict(atom_cls.weight_mapper.packed_modules_mapping),
+    }
+    return type(spec.name, (VllmDraftAdapter, atom_cls), namespace)
+
+
 def build_class(spec: catalog.ArchSpec) -> type:
     reasons = missing(spec)
     if reasons:
@@ -99,6 +148,10 @@ def __getattr__(name: str) -> type:
     if name in catalog.ARCHITECTURES:
         if name not in _classes:
             _classes[name] = build_class(catalog.ARCHITECTURES[name])
+        return _classes[name]
+    if name in catalog.DRAFTS:
+        if name not in _classes:
+            _classes[name] = build_draft_class(catalog.DRAFTS[name])
         return _classes[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -64,7 +64,7 @@ def register() -> dict[str, str]:
 
     check_requirements("atom-vllm")  # an atom-core outside atom-vllm's range: an error naming both versions
     logger = vllm_logger()
-    from atom_core import takeover
+    from atom_core import catalog, takeover
     from atom_vllm import compat
     from atom_vllm.capabilities import plan
 
@@ -81,6 +81,12 @@ def register() -> dict[str, str]:
             target = f"{MODELS_MODULE}:{decision.arch}"
             ModelRegistry.register_model(decision.arch, target)
             registered[decision.arch] = target
+    # a target's draft model (speculative decoding) is ATOM's where the target is: never ATOM's draft beside vLLM's target
+    for draft in catalog.DRAFTS.values():
+        if any(target in registered for target in draft.targets):
+            target = f"{MODELS_MODULE}:{draft.name}"
+            ModelRegistry.register_model(draft.name, target)
+            registered[draft.name] = target
     for arch, reason in skipped.items():
         logger.warning("ATOM does not serve %s under vLLM yet (%s); vLLM's own implementation is used", arch, reason)
     for line in takeover.summary("vllm", platform, decisions):

@@ -10,8 +10,9 @@ first ``first_k_dense_replace`` layers and GLM-4.5's grouped sigmoid routing (``
         h      = h + mlp(rmsnorm(h))                           dense, or shared + routed experts (GLM-4.5's router)
 
 The host caches ``c | kpe`` per token and decides how ``kv_b_proj`` is applied (see
-:class:`atom_core.host.LatentAttentionSpec`).  The multi-token-prediction layers (``num_nextn_predict_layers``)
-are skipped at load.
+:class:`atom_core.host.LatentAttentionSpec`).  The target skips the multi-token-prediction layers
+(``num_nextn_predict_layers``) at load; the draft model of speculative decoding,
+:class:`atom_core.models.deepseek_mtp.DeepSeekMTP`, loads them.
 """
 
 from __future__ import annotations

@@ -39,6 +39,13 @@ class SequenceSlots:
         self.length += new_tokens
         return slots
 
+    def truncate(self, length: int, block_size: int, allocator: BlockAllocator) -> None:
+        """Drop the slots of positions ``>= length``; blocks no longer used go back to ``allocator``."""
+        keep = -(-length // block_size)
+        allocator.release(self.blocks[keep:])
+        del self.blocks[keep:]
+        self.length = length
+
 
 def block_rows(seqs: list[SequenceSlots], width: int | None = None) -> list[list[int]]:
     """Each sequence's blocks padded with block 0 to ``width`` (default: the most any of them holds): the rows of

