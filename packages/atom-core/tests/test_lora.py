@@ -219,6 +219,8 @@ def test_unknown_adapter_name_in_a_request(tiny, tmp_path):
         runner.prompt_logits(PROMPTS, adapters=["x"])
     with pytest.raises(UsageError, match="built without LoRA adapters"):
         Runner(model_dir).prompt_logits(PROMPTS, adapters=["x", None, None])
+    with pytest.raises(UsageError, match="speculative decoding with LoRA adapters is not supported"):
+        Runner(model_dir, lora={"x": adapter}, speculative_tokens=1)  # the draft would run without the adapter
 
 
 def _tp_rank(rank: int, port: int, model_dir: str, adapter_dir: str, out_path: str) -> None:
