@@ -1,5 +1,6 @@
-"""SGLang resolves every catalog architecture to ATOM's class (or, for one atom-sglang cannot serve yet, to
-the class that refuses it with an error: there is none in the catalog today, DeepSeek-V3 included).
+"""With ATOM's classes forced, SGLang resolves every catalog architecture atom-sglang serves to ATOM's class; one
+it cannot serve yet (DeepSeek-V3.2 and GLM-5: sparse attention) to SGLang's own where the release has one, else to
+the class that refuses it with an error (atom_sglang.wrapper.leave_unserved).
 
 The checks run in one fresh interpreter with SGLANG_EXTERNAL_MODEL_PACKAGE set, because SGLang reads
 the variable once, when ``sglang.srt.models.registry`` is first imported.  The module of each resolved
@@ -14,7 +15,7 @@ import pytest
 from _sglang_env import PACKAGE, run_fresh
 
 from atom_core import catalog
-from atom_sglang import capabilities
+from atom_sglang import capabilities, compat
 
 pytestmark = pytest.mark.sglang
 
@@ -49,11 +50,21 @@ def resolution(tiny_checkpoints):
     return run_fresh(SCRIPT % json.dumps([sorted(catalog.ARCHITECTURES), tiny_checkpoints, PACKAGE]))
 
 
+def sglangs_own_serve() -> set[str]:
+    """The catalog architectures atom-sglang cannot serve that stay SGLang's own when ATOM_TAKE_OVER=all."""
+    _, skipped = capabilities.plan()
+    return set(skipped) & compat.own_architectures()
+
+
 def test_registry_resolves_every_catalog_architecture_to_atom(resolution):
-    """Served architectures to their wrapper, the others to the class refusing them (never SGLang's own)."""
+    """Served architectures to their wrapper; the others to SGLang's own class where it has one, else to the class
+    refusing them."""
     _, skipped = capabilities.plan()
     assert set(resolution["registry"]) == set(catalog.ARCHITECTURES)
     for arch, (module, name, as_arch, refusal) in resolution["registry"].items():
+        if arch in sglangs_own_serve():
+            assert module.startswith("sglang.srt.models."), f"{arch} resolved to {module}.{name}, not SGLang's own"
+            continue
         assert module == "atom_sglang.models.catalog", f"{arch} resolved to {module}.{name}, not ATOM's class"
         assert (name, as_arch) == (arch, arch)
         assert refusal == skipped.get(arch), (arch, refusal)
@@ -79,7 +90,8 @@ def test_sglang_sees_each_architectures_kind(resolution):
 
 def test_strict_import_of_the_package(resolution):
     """SGLang imports external packages non-strictly (errors are only logged); strict must pass too."""
-    assert resolution["strict"] == dict.fromkeys(catalog.ARCHITECTURES, "atom_sglang.models.catalog")
+    exported = [a for a in catalog.ARCHITECTURES if a not in sglangs_own_serve()]
+    assert resolution["strict"] == dict.fromkeys(exported, "atom_sglang.models.catalog")
 
 
 DEFAULT = """
@@ -98,18 +110,20 @@ print(json.dumps(out))
 
 def test_do_no_harm_by_default():
     """Without ATOM_TAKE_OVER, on a platform where ATOM has no measured fast path (this CPU), the package exports no
-    class for an architecture SGLang has (every catalog architecture, in every supported release), so SGLang resolves
+    class for an architecture SGLang has (those it has none of are ATOM's whatever the switch), so SGLang resolves
     each to its own, and SGLang's log (its own logging set-up) names them and why; ATOM_TAKE_OVER=Arch forces one."""
     archs = sorted(catalog.ARCHITECTURES)
     stderr: list[str] = []
     default = run_fresh(DEFAULT % json.dumps([archs, PACKAGE]), env={"ATOM_TAKE_OVER": None}, stderr=stderr)
-    assert default["package"] == []
-    for arch, module in default["registry"].items():
-        assert module.startswith("sglang.srt.models."), f"{arch} resolved to {module} without ATOM_TAKE_OVER"
+    own = [a for a in catalog.ARCHITECTURES if a in compat.own_architectures()]
+    assert default["package"] == sorted(set(archs) - set(own))  # none of SGLang's: ATOM's whatever the switch
+    for arch in own:
+        assert default["registry"][arch].startswith("sglang.srt.models."), f"{arch} resolved to " \
+            f"{default['registry'][arch]} without ATOM_TAKE_OVER"
     (line,) = [x for x in stderr[0].splitlines() if "atom-sglang: SGLang's own classes serve, in SGLang on CPU:" in x]
-    assert line.startswith("[") and ", ".join(catalog.ARCHITECTURES) in line and "ATOM_TAKE_OVER=all" in line, line
+    assert line.startswith("[") and ", ".join(own) in line and "ATOM_TAKE_OVER=all" in line, line
 
     forced = run_fresh(DEFAULT % json.dumps([archs, PACKAGE]), env={"ATOM_TAKE_OVER": "Qwen3ForCausalLM"})
-    assert forced["package"] == ["Qwen3ForCausalLM"]
+    assert forced["package"] == sorted({"Qwen3ForCausalLM", *set(archs) - set(own)})
     assert forced["registry"]["Qwen3ForCausalLM"] == "atom_sglang.models.catalog"
-    assert all(m.startswith("sglang.srt.models.") for a, m in forced["registry"].items() if a != "Qwen3ForCausalLM")
+    assert all(m.startswith("sglang.srt.models.") for a, m in forced["registry"].items() if a in own and a != "Qwen3ForCausalLM")

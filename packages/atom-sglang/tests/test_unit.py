@@ -102,10 +102,13 @@ def test_capability_plan_covers_the_catalog():
 
 
 def test_every_catalog_architecture_is_served_or_refused(monkeypatch, caplog):
-    """EntryClass holds one class per catalog architecture: ATOM's wrapper, or — for an entry with a capability
-    atom-sglang lacks, or whose wrapper cannot be built — a class that refuses to build with the reason, named
-    in an error line at import.  SGLang never falls back to its own / Transformers implementation for them."""
+    """With ATOM's classes forced (conftest: ATOM_TAKE_OVER=all), EntryClass holds ATOM's wrapper for every
+    architecture atom-sglang serves.  One with a capability atom-sglang lacks stays SGLang's own when SGLang has a
+    class of its own and the switch did not name it; with no class of SGLang's, or named, it gets a class that refuses
+    to build with the reason, named in an error line at import; so does one whose wrapper cannot be built (a bug)."""
     import logging
+
+    from atom_sglang import compat
 
     staged = catalog.ArchSpec("StagedForCausalLM", "atom_core.models.llama:Qwen3ForCausalLM", "staged", "t:C", "staged",
                               capabilities=frozenset({catalog.TEXT, "pipeline-parallel"}))
@@ -113,14 +116,18 @@ def test_every_catalog_architecture_is_served_or_refused(monkeypatch, caplog):
                               "t:C", "broken", capabilities=frozenset({catalog.TEXT, catalog.MULTIMODAL}))
     for spec in (staged, broken):
         monkeypatch.setitem(catalog.ARCHITECTURES, spec.name, spec)
-    with caplog.at_level(logging.ERROR, logger="atom_sglang.wrapper"):
-        classes = {cls.__name__: cls for cls in entry_classes(__name__)}
-    assert list(classes) == list(catalog.ARCHITECTURES)
-    refused = {name for name, cls in classes.items() if hasattr(cls, "atom_refusal")}
     lacking = {name for name in catalog.ARCHITECTURES if capabilities.missing(catalog.get(name))}
     assert staged.name in lacking and broken.name not in lacking
-    assert refused == lacking | {broken.name}
+    assert lacking - {staged.name}, "no catalog architecture atom-sglang lacks a capability for: this test needs one"
+    monkeypatch.setattr(compat, "own_architectures", lambda: frozenset(catalog.ARCHITECTURES) - {staged.name, broken.name})
+    with caplog.at_level(logging.INFO, logger="atom_sglang.wrapper"):
+        classes = {cls.__name__: cls for cls in entry_classes(__name__)}
+    assert set(classes) == set(catalog.ARCHITECTURES) - (lacking - {staged.name})  # the rest: SGLang's own
+    refused = {name for name, cls in classes.items() if hasattr(cls, "atom_refusal")}
+    assert refused == {staged.name, broken.name}
     assert "DeepseekV3ForCausalLM" not in refused  # latent attention is served (atom_sglang.latent)
+    own_line = next(r.getMessage() for r in caplog.records if "SGLang's own classes serve" in r.getMessage())
+    assert all(name in own_line for name in lacking - {staged.name}) and "cannot serve it yet" in own_line, own_line
     for name, match in ((staged.name, "PPProxyTensors"), (broken.name, "lacks \\['embed_multimodal'\\]")):
         assert classes[name].__module__ == __name__
         with pytest.raises(ValueError, match=f"atom-sglang does not serve {name}: .*{match}.*SGLANG_EXTERNAL_MODEL_PACKAGE"):
@@ -128,15 +135,19 @@ def test_every_catalog_architecture_is_served_or_refused(monkeypatch, caplog):
         assert any(f"does not serve {name}" in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
     for name in set(classes) - refused:
         assert issubclass(classes[name], catalog.get(name).model_class())
+    named = sorted(lacking - {staged.name})[0]  # named by the switch: refused, not SGLang's own
+    monkeypatch.setenv("ATOM_TAKE_OVER", named)
+    assert [(c.__name__, hasattr(c, "atom_refusal")) for c in entry_classes(__name__)] == [(named, True)]
 
 
 @pytest.mark.parametrize("platform, switch, expected", [
     ("cpu", None, []), ("cuda", None, []), ("cpu", "Qwen3ForCausalLM", ["Qwen3ForCausalLM"]),
-    ("cpu", "none", []), ("cpu", "all", list(catalog.ARCHITECTURES)),
+    ("cpu", "none", []), ("cpu", "all", [a for a in catalog.ARCHITECTURES if not capabilities.missing(catalog.get(a))]),
 ])
 def test_entry_classes_do_no_harm(monkeypatch, caplog, platform, switch, expected):
-    """Only the architectures ATOM takes over (atom_core.takeover) get a class; one SGLang has no class of its own
-    for is ATOM's whatever the switch; a log line names the rest as SGLang's own."""
+    """Only the architectures ATOM takes over (atom_core.takeover) and can serve get a class ("all": every one it
+    can serve); one SGLang has no class of its own for is ATOM's whatever the switch; a log line names the rest as
+    SGLang's own."""
     import logging
 
     from atom_sglang import compat

@@ -1,9 +1,9 @@
 """What the SGLang wrapper of a catalog model does for each capability the catalog entry declares.
 
 A capability this adapter does not implement yet is listed with what it needs.  Architectures that
-declare one get a class in ``EntryClass`` that refuses to build, and an error line names the architecture
-and what is missing — never a half-working wrapper, never a silent fallback to SGLang's own or its
-Transformers implementation (:func:`atom_sglang.wrapper.entry_classes`).  The
+declare one stay SGLang's own (a log line says why) unless ATOM_TAKE_OVER names them or SGLang has no class of
+its own; then they get a class in ``EntryClass`` that refuses to build, and an error line names the
+architecture and what is missing — never a half-working wrapper (:func:`atom_sglang.wrapper.entry_classes`).  The
 capability names are shared with atom-vllm.  Imports neither torch nor SGLang.
 """
 

@@ -30,6 +30,7 @@ from atom_core import catalog, takeover
 from atom_core.build import build_model
 from atom_core.catalog import ArchSpec
 from atom_core.config import text_config
+from atom_core.env import env_take_over
 from atom_core.errors import UnsupportedConfigError
 from atom_core.versions import check_requirements
 from atom_sglang import capabilities, compat
@@ -211,14 +212,17 @@ def wrapper_class(spec: ArchSpec, module: str) -> type:
 
 def entry_classes(module: str) -> list[type]:
     """One class per catalog architecture ATOM takes over (:mod:`atom_core.takeover`: do no harm): the wrapper when
-    atom-sglang can serve it, else a class that refuses to build (:func:`refusing_class`), named in an error line at
-    import.  An architecture ATOM does not take over gets no class here, so SGLang resolves it to its own (0.5.21+
-    imports its built-in models when an architecture is missing from the external package; before, they are all
-    registered and the external ones overwrite them).  A line in SGLang's log names the class that serves each
-    architecture and why, once per process that imports this package (the launcher and each scheduler)."""
+    atom-sglang can serve it; else a class that refuses to build (:func:`refusing_class`), named in an error line at
+    import, where :func:`leave_unserved` does not give it back to SGLang.  An architecture ATOM does not take over
+    gets no class here, so SGLang resolves it to its own (0.5.21+ imports its built-in models when an architecture is
+    missing from the external package; before, they are all registered and the external ones overwrite them).  A
+    line in SGLang's log names the class that serves each architecture and why, once per process that imports this
+    package (the launcher and each scheduler)."""
     _, skipped = capabilities.plan()
     platform = compat.platform()
-    decisions = takeover.decide_all("sglang", platform, catalog.ARCHITECTURES, compat.own_architectures())
+    own = compat.own_architectures()
+    decisions = [leave_unserved(d, skipped, own) for d in
+                 takeover.decide_all("sglang", platform, catalog.ARCHITECTURES, own)]
     for line in takeover.summary("sglang", platform, decisions):
         logger.info("atom-sglang: %s", line)
     classes = []
@@ -235,6 +239,17 @@ def entry_classes(module: str) -> list[type]:
                      "SGLANG_EXTERNAL_MODEL_PACKAGE to serve it with SGLang's own implementation.", name, why)
         classes.append(refusing_class(name, why, module))
     return classes
+
+
+def leave_unserved(decision: takeover.Decision, skipped: dict[str, str], own: frozenset[str]) -> takeover.Decision:
+    """An architecture atom-sglang cannot serve yet (``skipped``: why) stays SGLang's own when SGLang has a class of
+    its own and ATOM_TAKE_OVER did not name it (``all`` means every architecture ATOM can serve); named, or with no
+    class of SGLang's, it gets the refusing class."""
+    why = skipped.get(decision.arch)
+    named = isinstance(take_over := env_take_over(), frozenset) and decision.arch in take_over
+    if decision.atom and why is not None and decision.arch in own and not named:
+        return takeover.Decision(decision.arch, False, f"atom-sglang cannot serve it yet ({why})")
+    return decision
 
 
 def refusing_class(name: str, why: str, module: str) -> type:
