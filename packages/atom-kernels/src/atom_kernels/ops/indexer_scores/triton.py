@@ -39,8 +39,8 @@ def _scores_kernel(
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     seq = tl.load(seq_ptr + t)
-    last = tl.load(pos_ptr + t)
-    visible = (cols <= last) & (cols < width) & (seq >= 0)
+    last = tl.where(seq >= 0, tl.load(pos_ptr + t), -1)  # a padding token (no sequence) sees nothing
+    visible = (cols <= last) & (cols < width)
     heads = tl.arange(0, BLOCK_H)
     dims = tl.arange(0, BLOCK_D)
     h_ok = heads < H
