@@ -260,6 +260,7 @@ class Runner:
         self._ensure_cache(sum(len(p) + params.max_new_tokens for p in prompts) + self.block_size * len(prompts))
         self._ensure_positions(max(len(p) for p in prompts) + params.max_new_tokens)
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        stop_ids = None if params.ignore_eos else self.eos_token_ids
         outputs = [GenerationOutput(list(p)) for p in prompts]
         seqs = self._new_sequences(len(prompts))
         active = list(range(len(prompts)))
@@ -278,16 +279,9 @@ class Runner:
                 tokens, logprobs = torch.stack([tokens.double(), logprobs.double()]).tolist()  # one copy to the host
                 still = []
                 for i, token, logprob in zip(active, map(int, tokens), logprobs):
-                    out = outputs[i]
-                    out.token_ids.append(token)
-                    out.logprobs.append(logprob)
                     if on_token is not None:
                         on_token(i, token)
-                    if not params.ignore_eos and token in self.eos_token_ids:
-                        out.finish_reason = "stop"
-                    elif len(out.token_ids) >= params.max_new_tokens:
-                        out.finish_reason = "length"
-                    else:
+                    if outputs[i].append(token, logprob, params.max_new_tokens, stop_ids):
                         pending[i] = [token]
                         still.append(i)
                 active = still

@@ -150,18 +150,13 @@ class SpeculativeDecoder:
         seqs = [_Sequence(slots, list(p)) for slots, p in zip(runner._new_sequences(len(prompts)), prompts)]
         allocator = runner.host.kv_cache.allocator
 
+        stop_ids = None if params.ignore_eos else runner.eos_token_ids
+
         def emit(i: int, token: int, logprob: float) -> bool:
             """Record one token of sequence i; False once it is finished."""
-            out = outputs[i]
-            out.token_ids.append(token)
-            out.logprobs.append(logprob)
             if on_token is not None:
                 on_token(i, token)
-            if not params.ignore_eos and token in runner.eos_token_ids:
-                out.finish_reason = "stop"
-            elif len(out.token_ids) >= params.max_new_tokens:
-                out.finish_reason = "length"
-            return out.finish_reason is None
+            return outputs[i].append(token, logprob, params.max_new_tokens, stop_ids)
 
         try:
             hidden = self._forward(runner.model, [s.slots for s in seqs], [0] * len(seqs), prompts)
