@@ -12,6 +12,7 @@ both drafts is printed side by side and must be non-trivial."""
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import cpu_mla_missing
@@ -56,11 +57,20 @@ def test_mtp_generate_matches_without_drafts_and_vllms_own(tmp_path_factory, pro
                                       agreeing=0.0))
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1", "OMP_NUM_THREADS": "1"}
     prompts = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
+    own = {"ATOM_DISABLE_VLLM_PLUGIN": "1"}
+
+    def run(extra: dict, spec: int) -> dict:
+        (result,) = probe("generate", [model_dir], env={**env, **extra}, fresh_cache=bool(extra), prompts=prompts,
+                          max_tokens=12, speculative=str(spec))
+        return result
+
     runs = {}
-    for name, extra, spec in (("atom", {}, 0), ("atom-mtp", {}, 2), ("own", {"ATOM_DISABLE_VLLM_PLUGIN": "1"}, 0),
-                              ("own-mtp", {"ATOM_DISABLE_VLLM_PLUGIN": "1"}, 2)):
-        (runs[name],) = probe("generate", [model_dir], env={**env, **extra}, fresh_cache=bool(extra),
-                              prompts=prompts, max_tokens=12, speculative=str(spec))
+    # two engines at a time (one thread each: OMP_NUM_THREADS=1), one of ATOM's and one of vLLM's own, so the two
+    # at once never share vLLM's cache directory
+    with ThreadPoolExecutor(2) as pool:
+        for spec, suffix in ((0, ""), (2, "-mtp")):
+            atom_run, own_run = pool.submit(run, {}, spec), pool.submit(run, own, spec)
+            runs["atom" + suffix], runs["own" + suffix] = atom_run.result(), own_run.result()
     assert runs["atom-mtp"]["module"] == "atom_vllm.models"
     assert runs["atom-mtp"]["draft_class"] == "atom_vllm.models:DeepSeekMTPModel"
     assert runs["own-mtp"]["module"] != "atom_vllm.models"
