@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from atom_core.host import TensorParallel
@@ -56,3 +57,16 @@ class ShardedRMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"[{self.start}:{self.start + self.weight.shape[0]}] of {self.full}, eps={self.eps}"
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with weight and bias (the vision towers' blocks and mergers, DeepSeek sparse attention's indexer key)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = make_param((hidden_size,), torch.get_default_dtype())
+        self.bias = make_param((hidden_size,), torch.get_default_dtype())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)

@@ -27,11 +27,11 @@ from atom_core.config import DecoderConfig, text_config
 from atom_core.errors import UnsupportedConfigError
 from atom_core.host import Host, SparseSelectionSpec
 from atom_core.layers.linear import ReplicatedLinear
+from atom_core.layers.norm import LayerNorm
 from atom_core.layers.params import make_param
 from atom_core.layers.rotary import get_rope, table_length
 from atom_core.models.deepseek_v3 import DeepseekV3ForCausalLM, LatentAttention, LatentDims
 from atom_core.models.llama import AttentionOptions, DecoderLayer, DecoderModel
-from atom_core.models.qwen3_vl_vision import LayerNorm
 
 INDEXER_TYPES = ("full", "shared")
 

@@ -24,8 +24,9 @@ from torch import nn
 
 from atom_core.errors import UnsupportedConfigError
 from atom_core.host import Host
+from atom_core.layers.norm import LayerNorm
 from atom_core.layers.params import make_param
-from atom_core.models.qwen3_vl_vision import LayerNorm, PatchEmbed, VisionBlock, VisionConfig, merge_block_order
+from atom_core.models.qwen3_vl_vision import PatchEmbed, VisionBlock, VisionConfig, merge_block_order
 from atom_kernels import rotary_embedding
 
 LAYER_NORM_EPS = 1e-5

@@ -24,6 +24,7 @@ from torch import nn
 
 from atom_core.host import Host
 from atom_core.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from atom_core.layers.norm import LayerNorm
 from atom_core.layers.params import copy_checked, make_param, materialize
 from atom_core.layers.rotary import cos_sin_cache
 from atom_kernels import mrope
@@ -67,17 +68,6 @@ class VisionConfig:
             deepstack_indexes=tuple(getattr(vc, "deepstack_visual_indexes", None) or ()),
             hidden_act=vc.hidden_act, rope_theta=float(rope.get("rope_theta", 10000.0)),
         )
-
-
-class LayerNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = make_param((hidden_size,), torch.get_default_dtype())
-        self.bias = make_param((hidden_size,), torch.get_default_dtype())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
 class PatchEmbed(nn.Module):
