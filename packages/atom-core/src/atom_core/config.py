@@ -4,14 +4,13 @@ multimodal configs that nest a ``text_config``)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from atom_core.config_checks import validate_config, validate_raw_config
 from atom_core.errors import CheckpointError, UnsupportedArchitectureError
-from atom_core.paths import inside
+from atom_core.paths import inside, read_json_object
 
 
 def load_hf_config(model_dir: str | Path):
@@ -26,12 +25,7 @@ def load_hf_config(model_dir: str | Path):
     file = inside(path, "config.json")
     if not file.is_file():
         raise CheckpointError(f"{path} has no config.json")
-    try:
-        data = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{file} is not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file} holds a JSON {type(data).__name__}, not an object")
+    data = read_json_object(file)
     validate_raw_config(data, str(file))
     from transformers import CONFIG_MAPPING, AutoConfig
 

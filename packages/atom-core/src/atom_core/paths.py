@@ -14,7 +14,9 @@ snapshot's links may resolve there too (and nowhere else).
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from atom_core.errors import CheckpointError
@@ -72,3 +74,15 @@ def check_links(root: str | Path) -> None:
             if path.is_symlink() and not _within(path.resolve(), roots):
                 raise CheckpointError(f"{path} is a link to {path.resolve()}, outside the checkpoint directory {root}: "
                                       "ATOM reads nothing outside a checkpoint")
+
+
+def read_json_object(path: Path, expected: str = "an object", object_pairs_hook: Callable | None = None) -> dict:
+    """A checkpoint's JSON file that must hold an object (``expected`` says which, in the error): its content, or a
+    one-line :class:`CheckpointError` naming the file (not valid JSON or UTF-8, or another JSON type)."""
+    try:
+        data = json.loads(path.read_text(), object_pairs_hook=object_pairs_hook)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, not {expected}")
+    return data

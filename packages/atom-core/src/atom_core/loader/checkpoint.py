@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from atom_core.errors import CheckpointError
-from atom_core.paths import escapes, inside
+from atom_core.paths import escapes, inside, read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -239,12 +239,7 @@ class Checkpoint:
 
 def _index_weight_map(index: Path) -> dict[str, str]:
     """The ``weight_map`` of an index file: a JSON object whose ``weight_map`` maps tensor names to file names."""
-    try:
-        data = json.loads(index.read_text(), object_pairs_hook=_unique_keys(index))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{index} is not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{index} holds a JSON {type(data).__name__}, not an object with a weight_map")
+    data = read_json_object(index, "an object with a weight_map", object_pairs_hook=_unique_keys(index))
     weight_map = data.get("weight_map")
     if not weight_map:
         raise CheckpointError(f"{index} has no weight_map")

@@ -12,7 +12,6 @@ is ``scaling · x Aᵀ Bᵀ`` with ``scaling = lora_alpha / r`` (``lora_alpha / 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from atom_core.errors import CheckpointError, UnsupportedConfigError, UsageError
-from atom_core.paths import inside
+from atom_core.paths import inside, read_json_object
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -72,15 +71,10 @@ def parse_lora_option(value: str) -> tuple[str, Path]:
 
 def _read_config(path: Path) -> dict:
     try:
-        config = json.loads(path.read_text())
+        return read_json_object(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing: a LoRA adapter directory holds {ADAPTER_CONFIG} (as peft saves "
                               "it)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path} is not valid JSON: {err}") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(config).__name__}, not an object")
-    return config
 
 
 def _scaling(config: dict, path: Path) -> tuple[int, float]:

@@ -3,7 +3,6 @@ decode them step by step over the paged KV cache."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,7 +17,7 @@ from atom_core.host import TensorParallel
 from atom_core.layers.rotary import grow_position_tables
 from atom_core.loader import Checkpoint
 from atom_core.lora import LoraSet, attach_adapters, load_adapter
-from atom_core.paths import inside
+from atom_core.paths import inside, read_json_object
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.graphs import DecodeGraphs
 from atom_core.runtime.host import NativeHost
@@ -311,13 +310,7 @@ def _eos_ids(hf_config, model_dir: Path) -> set[int]:
             ids.update(_token_ids(eos, "config.json: eos_token_id", model_dir))
     gen = inside(model_dir, GENERATION_CONFIG)
     if gen.is_file():
-        try:
-            data = json.loads(gen.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{gen} is not valid JSON: {err}") from None
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{gen} holds a JSON {type(data).__name__}, not an object")
-        eos = data.get("eos_token_id")
+        eos = read_json_object(gen).get("eos_token_id")
         if eos is not None:
             ids.update(_token_ids(eos, f"{GENERATION_CONFIG}: eos_token_id", model_dir))
     return ids
