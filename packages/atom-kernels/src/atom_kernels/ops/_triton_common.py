@@ -19,6 +19,7 @@ import triton.language as tl
 from atom_kernels.dispatch import triton_interpreting
 
 LOG2E = 1.4426950408889634
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the tensor dtypes the float kernels take
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 

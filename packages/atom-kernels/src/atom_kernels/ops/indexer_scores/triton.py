@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._triton_common import dot_dtype, dot_precision
+from atom_kernels.ops._triton_common import FLOAT_DTYPES, dot_dtype, dot_precision
 from atom_kernels.ops.indexer_scores.reference import check_indexer_args
 
 MAX_HEADS = 128
@@ -22,8 +22,7 @@ def unsupported(q, weights, k_cache, block_table, token_seq, token_pos, scale) -
         return f"{q.shape[1]} heads of {q.shape[-1]}: at most {MAX_HEADS} heads of {MAX_DIM}"
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1:
         return "q and k_cache need a contiguous last dim"
-    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or k_cache.dtype not in (
-            torch.float32, torch.bfloat16, torch.float16):
+    if q.dtype not in FLOAT_DTYPES or k_cache.dtype not in FLOAT_DTYPES:
         return f"q {q.dtype} / k_cache {k_cache.dtype}: float caches only"
     return None
 

@@ -30,12 +30,11 @@ import triton
 import triton.language as tl
 
 from atom_kernels.ops import _splitk as splitk
-from atom_kernels.ops._triton_common import dot_dtype, dot_precision, use_while
+from atom_kernels.ops._triton_common import FLOAT_DTYPES, dot_dtype, dot_precision, use_while
 from atom_kernels.ops.paged_attention.reference import check_paged_args
 
 MAX_SPLITS = 32
 MAX_HEAD_DIM = 256
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
@@ -58,9 +57,9 @@ def num_splits(programs: int, max_context: int, device: torch.device) -> int:
 
 def unsupported(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *, sliding_window=None,
                 sinks=None, soft_cap=None, k_scale=None, v_scale=None) -> str | None:
-    if q.dtype not in _FLOATS:
+    if q.dtype not in FLOAT_DTYPES:
         return f"q {q.dtype}: bf16 / fp16 / fp32 only"
-    if k_cache.dtype not in _FLOATS + _FP8 or v_cache.dtype != k_cache.dtype:
+    if k_cache.dtype not in FLOAT_DTYPES + _FP8 or v_cache.dtype != k_cache.dtype:
         return f"caches {k_cache.dtype} / {v_cache.dtype}: one float or fp8 e4m3 dtype"
     if q.shape[-1] > MAX_HEAD_DIM:
         return f"head dim {q.shape[-1]} > {MAX_HEAD_DIM}"
