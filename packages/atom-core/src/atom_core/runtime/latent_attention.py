@@ -66,13 +66,18 @@ class LatentAttention(nn.Module):
             for name, param in list(proj.named_parameters(recurse=False)):
                 setattr(proj, name, nn.Parameter(param.data.new_empty(0), requires_grad=False))
 
-    def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
-        host = self._host[0]
-        ctx = host.context
+    def _step_context(self):
+        """The runner step this call belongs to, with the absorbed weights ready (else a RuntimeError saying which)."""
+        ctx = self._host[0].context
         if ctx is None:
             raise RuntimeError("native attention called outside a runner step (no StepContext set)")
         if self.w_uk is None:
             raise RuntimeError("latent attention used before its weights were loaded (finish_loading)")
+        return ctx
+
+    def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        host = self._host[0]
+        ctx = self._step_context()
         k_cache, v_cache = host.kv_cache.layers[self.cache_index]  # [blocks, block_size, 1, latent] and [.., 1, 0]
         num_tokens, heads = q.shape[0], self.num_heads
         latent = torch.cat([kv_c, k_pe], dim=-1).view(num_tokens, 1, -1)

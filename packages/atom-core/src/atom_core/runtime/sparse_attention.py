@@ -55,11 +55,7 @@ class SparseLatentAttention(LatentAttention):
     def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
                 index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         host = self._host[0]
-        ctx = host.context
-        if ctx is None:
-            raise RuntimeError("native attention called outside a runner step (no StepContext set)")
-        if self.w_uk is None:
-            raise RuntimeError("latent attention used before its weights were loaded (finish_loading)")
+        ctx = self._step_context()
         if (index is not None) != self.sparse.own_indexer:
             raise RuntimeError("a sparse attention layer takes the indexer's (q, k, weights) exactly when it has its own "
                                "indexer")
