@@ -22,6 +22,16 @@ from atom_kernels import indexer_scores, mla_decode, sparse_mla, topk_indices
 FP32, BF16 = torch.float32, torch.bfloat16
 
 
+def to(device, args):
+    """``args`` with every tensor moved to ``device`` (inputs are drawn on the CPU from the test's generator)."""
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def run(backend, op, device, *args):
+    """``op``'s ``backend`` on ``args`` moved to ``device``, the result back on the CPU."""
+    return op.call_backend(backend, *to(device, args)).cpu()
+
+
 def paged_keys(lens, dim, page, gen, dtype=FP32, spare=3):
     """A key cache with each sequence's blocks scattered over it and -1 past them in the block table."""
     used = [-(-n // page) for n in lens]
@@ -69,28 +79,28 @@ def scores_by_definition(q, weights, cache, table, token_seq, token_pos, scale):
 
 
 @pytest.mark.parametrize("heads,dim,page", [(3, 20, 4), (5, 48, 16)])
-def test_indexer_scores(heads, dim, page, rng):
+def test_indexer_scores(heads, dim, page, rng, device):
     args = indexer_case([1, 13, 40, 7], [1, 5, 0, 7], heads, dim, page, rng)
-    ref = indexer_scores.call_backend("reference", *args)
+    ref = run("reference", indexer_scores, device, *args)
     want = scores_by_definition(*args)
     assert torch.equal(torch.isinf(ref), torch.isinf(want)), "visible positions differ from the definition"
     finite = torch.isfinite(want)
     assert_close(ref[finite], want[finite], FP32)
-    out = indexer_scores.call_backend("triton", *args)
+    out = run("triton", indexer_scores, device, *args)
     assert torch.equal(torch.isinf(out), torch.isinf(ref))
     assert_close(out[finite], ref[finite], FP32)
     assert torch.isinf(out[args[4] < 0]).all(), "a padding token sees nothing"
 
 
-def test_indexer_scores_bf16(rng):
+def test_indexer_scores_bf16(rng, device):
     args = indexer_case([30, 9], [30, 1], 4, 32, 8, rng, BF16)
-    out, ref = (indexer_scores.call_backend(b, *args) for b in ("triton", "reference"))
+    out, ref = (run(b, indexer_scores, device, *args) for b in ("triton", "reference"))
     finite = torch.isfinite(ref)
     assert torch.equal(finite, torch.isfinite(out))
     assert_close(out[finite], ref[finite], BF16)
 
 
-def test_topk_indices(rng):
+def test_topk_indices(rng, device):
     scores = torch.randn(7, 300, generator=rng)
     scores[0, 10:] = float("-inf")  # fewer finite scores than k
     scores[1] = float("-inf")  # a padding row
@@ -98,8 +108,8 @@ def test_topk_indices(rng):
     scores[3, ::2] = -0.0
     scores[3, 1::2] = 0.0  # signed zeros tie
     for k in (1, 16, 100, 299, 512):
-        ref = topk_indices.call_backend("reference", scores, k)
-        out = topk_indices.call_backend("triton", scores, k)
+        ref = run("reference", topk_indices, device, scores, k)
+        out = run("triton", topk_indices, device, scores, k)
         assert torch.equal(out, ref), f"k={k}"
         assert (ref[1] == -1).all() and (ref[0, 10:] == -1).all()
         if k >= 10:
@@ -123,10 +133,10 @@ def sparse_case(tokens, heads, latent, rope, page, k, gen, dtype=FP32):
 
 @pytest.mark.parametrize("heads,latent,rope,page,k,dtype", [(3, 48, 16, 4, 20, FP32), (17, 64, 8, 16, 37, FP32),
                                                            (16, 64, 16, 16, 64, BF16)])
-def test_sparse_mla(heads, latent, rope, page, k, dtype, rng):
+def test_sparse_mla(heads, latent, rope, page, k, dtype, rng, device):
     args = sparse_case(6, heads, latent, rope, page, k, rng, dtype)
-    ref = sparse_mla.call_backend("reference", *args)
-    out = sparse_mla.call_backend("triton", *args)
+    ref = run("reference", sparse_mla, device, *args)
+    out = run("triton", sparse_mla, device, *args)
     assert out.dtype == dtype and (out[1] == 0).all() and (ref[1] == 0).all()
     assert_close(out, ref, dtype)
 
@@ -145,7 +155,7 @@ def test_sparse_mla_over_every_row_is_dense_mla(rng):
     assert_close(sparse_mla.call_backend("reference", q, cache, slots, 0.2, 32), dense, FP32)
 
 
-def test_host_size_prefill_chunk(rng):
+def test_host_size_prefill_chunk(rng, device):
     """An 8192-token prefill chunk continuing a context to 12000 tokens (every query sees more than 2048), top-k 2048."""
     chunk, context, k, heads, dim, page = 8192, 12000, 2048, 2, 32, 64
     cache, table = paged_keys([context], dim, page, rng)
@@ -166,15 +176,15 @@ def test_host_size_prefill_chunk(rng):
         assert torch.equal(scores[r, picked[r].long()].sort().values, want_values)
     # the Triton kernels on a slice of the same chunk (the interpreter is too slow for all of it)
     sub = rows[[0, 3]]
-    assert torch.equal(topk_indices.call_backend("triton", scores[sub].contiguous(), k), picked[sub])
+    assert torch.equal(run("triton", topk_indices, device, scores[sub].contiguous(), k), picked[sub])
     tail = slice(chunk - 2, chunk)
-    got = indexer_scores.call_backend("triton", q[tail], weights[tail], cache, table, token_seq[tail],
-                                      token_pos[tail], dim**-0.5)
+    got = run("triton", indexer_scores, device, q[tail], weights[tail], cache, table, token_seq[tail], token_pos[tail],
+              dim**-0.5)
     assert_close(got[torch.isfinite(got)], scores[tail][torch.isfinite(scores[tail])], FP32)
     slots = (table[0, picked[tail].long() // page].long() * page + picked[tail].long() % page).int()
     latent = torch.randn(cache.shape[0], page, 72, generator=rng)
     q_abs = torch.randn(2, 16, 72, generator=rng)
-    assert_close(sparse_mla.call_backend("triton", q_abs, latent, slots, 72**-0.5, 64),
+    assert_close(run("triton", sparse_mla, device, q_abs, latent, slots, 72**-0.5, 64),
                  sparse_mla.call_backend("reference", q_abs, latent, slots, 72**-0.5, 64), FP32)
 
 
@@ -211,9 +221,9 @@ def dsa_host_case(chunk, context, k, index_heads, index_dim, heads, latent, rope
     assert gpu_rel_err(got, want) <= REL_TOL[dtype]
 
 
-def test_dsa_host_case_runs_small(rng):
+def test_dsa_host_case_runs_small(device):
     """The GPU host-size case below, at a size the interpreter runs (so its own code is exercised here)."""
-    dsa_host_case(48, 300, 64, 4, 32, 16, 64, 16, 16, "cpu", FP32)
+    dsa_host_case(48, 300, 64, 4, 32, 16, 64, 16, 16, device, FP32)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="host-size tests need a GPU")
