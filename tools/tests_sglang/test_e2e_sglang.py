@@ -203,6 +203,7 @@ STUB = 'def rotary_embedding(*args, **kwargs):\n    raise NotImplementedError("t
 
 
 @needs_sglang
+@pytest.mark.bench_servers
 def test_bench_end_to_end_on_the_cpu(tiny_qwen3, tmp_path, monkeypatch, capsys):
     """Both servers up, the atom one built ATOM's class (the sglang one not, though the test process has
     SGLANG_EXTERNAL_MODEL_PACKAGE set), the same greedy tokens in float32, every batch size timed."""

@@ -33,6 +33,8 @@ REQUIRED = os.environ.get("ATOM_SGLANG_REQUIRED") == "1"
 def pytest_configure(config):
     config.addinivalue_line("markers", "sglang: needs an installed SGLang")
     config.addinivalue_line("markers", "server: SGLang's OpenAI server on the demo model (the newest SGLang session only)")
+    config.addinivalue_line("markers", "bench_servers: the end-to-end bench through two CPU servers (the session of "
+                                       "the GPU bundle's SGLang only)")
 
 
 def pytest_collection_modifyitems(config, items):
