@@ -5,7 +5,12 @@ host's comparison are stand-ins."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -70,3 +75,73 @@ def test_run_fills_one_entry_per_checkpoint_and_saves_as_it_goes(tmp_path, monke
     assert all(e["measured"] for e in seen) and len(seen) == 5
     saved = json.loads(out.read_text())
     assert saved["host"] == "1.0" and saved["settings"]["repeats"] == 5 and len(saved["models"]) == 5
+
+
+def test_kept_checkpoints_are_reused_only_when_finished(tmp_path):
+    calls = []
+
+    def write(directory):
+        def go():
+            calls.append(directory.name)
+            directory.mkdir(parents=True)
+            (directory / "config.json").write_text("{}")
+            return directory
+        return go
+
+    first = driver.kept(tmp_path / "bf16", write(tmp_path / "bf16"))
+    assert (first / driver.COMPLETE).is_file() and calls == ["bf16"]
+    assert driver.kept(tmp_path / "bf16", write(tmp_path / "bf16")) == first and calls == ["bf16"]  # reused
+    partial = tmp_path / "fp8-block"  # a run cut off while writing: no marker, so it is written again from scratch
+    partial.mkdir()
+    (partial / "model-00001.safetensors").write_text("half")
+    driver.kept(partial, write(partial))
+    assert calls == ["bf16", "fp8-block"] and not (partial / "model-00001.safetensors").exists()
+
+
+def test_keep_checkpoints_leaves_them_in_the_workdir(tmp_path, monkeypatch):
+    def fake_checkpoints(name, layers, formats, workdir):
+        for fmt in formats:
+            yield fmt, driver.kept(workdir / fmt, functools.partial(_config_dir, workdir / fmt))
+
+    monkeypatch.setattr(driver, "model_checkpoints", fake_checkpoints)
+    work = tmp_path / "work"
+    args = parse(["--models", "qwen3-8b", "--formats", "bf16", "--layers", "2", "--workdir", str(work),
+                  "--keep-checkpoints", "--out", str(tmp_path / "r.json")])
+    driver.run(args, driver.new_report(args, "cpu", {}, {}), lambda entry, d, p, save: save(), given_format="given")
+    assert (work / "checkpoints" / "qwen3-8b-2" / "bf16" / driver.COMPLETE).is_file()
+    with pytest.raises(SystemExit):
+        parse(["--keep-checkpoints", "--out", "unused.json"])  # without --workdir
+
+
+def _config_dir(directory):
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"vocab_size": 100}))
+    return directory
+
+
+def test_a_run_stopped_by_sigterm_leaves_no_checkpoint_behind(tmp_path):
+    """`timeout` sends SIGTERM: the temporary checkpoints go with the run."""
+    work = tmp_path / "work"
+    script = f"""
+import json, sys, time
+from pathlib import Path
+from atom_tools.e2e import driver
+def fake(name, layers, formats, workdir):
+    (workdir / "bf16").mkdir(parents=True)
+    (workdir / "bf16" / "config.json").write_text(json.dumps({{"vocab_size": 100}}))
+    yield "bf16", workdir / "bf16"
+def compare(entry, model_dir, prompts, save):
+    print("measuring", flush=True)
+    time.sleep(60)
+driver.model_checkpoints = fake
+args = driver.parse(driver.parser("t", "", "a"), ["--models", "qwen3-8b", "--workdir", {str(work)!r},
+                    "--out", {str(tmp_path / "r.json")!r}], {{"a": None}})
+driver.run(args, driver.new_report(args, "cpu", {{}}, {{}}), compare, "given")
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.stdout.readline().strip() == "measuring"
+    assert list(work.glob("*/qwen3-8b/bf16"))  # the checkpoint is there while the run measures
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert list(work.iterdir()) == []

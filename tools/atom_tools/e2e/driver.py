@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -73,19 +75,35 @@ def text_prompts(model_dir: Path) -> list[list[int]]:
     return [tokenizer(p)["input_ids"] for p in TEXT_PROMPTS]
 
 
+COMPLETE = ".complete"  # written last into a kept checkpoint directory: a run cut off while writing leaves none
+
+
+def kept(directory: Path, write: Callable[[], Path]) -> Path:
+    """``directory`` as a previous run left it when it was finished (its :data:`COMPLETE` marker), else ``write()``
+    into it (a partial one is replaced) and mark it finished."""
+    if (directory / COMPLETE).is_file():
+        return directory
+    shutil.rmtree(directory, ignore_errors=True)
+    out = write()
+    (out / COMPLETE).write_text("")
+    return out
+
+
 def model_checkpoints(name: str, layers: int, formats: list[str], workdir: Path):
     """Yield ``(format, directory)`` of the model ``name`` of :data:`MODELS` at ``layers`` layers: the bf16 random
-    checkpoint, then ``atom quantize``'s copy per format."""
+    checkpoint, then ``atom quantize``'s copy per format; finished ones already in ``workdir`` are reused (random
+    weights of the model's shape at ``layers`` layers: any such checkpoint serves the comparison)."""
     from atom_core.quant.quantize import quantize_checkpoint
 
     arch = MODELS[name][0]
-    bf16 = write_checkpoint(arch, layers, workdir / "bf16", torch.bfloat16, "cuda", MODEL_SHAPES.get(name))
+    bf16 = kept(workdir / "bf16", lambda: write_checkpoint(arch, layers, workdir / "bf16", torch.bfloat16, "cuda",
+                                                           MODEL_SHAPES.get(name)))
     torch.cuda.empty_cache()
     for fmt in formats:
         if fmt == "bf16":
             yield fmt, bf16
         else:
-            out = quantize_checkpoint(bf16, workdir / fmt, fmt, device="cuda")
+            out = kept(workdir / fmt, functools.partial(quantize_checkpoint, bf16, workdir / fmt, fmt, device="cuda"))
             torch.cuda.empty_cache()  # before the engines start: this process's cached blocks count against them
             yield fmt, out
 
@@ -133,6 +151,9 @@ def parser(prog: str, description: str, default_impls: str) -> argparse.Argument
     out.add_argument("--output-len", type=int, default=128)
     out.add_argument("--repeats", type=int, default=5)
     out.add_argument("--workdir", default=None, help="where checkpoints go (default: a temporary directory)")
+    out.add_argument("--keep-checkpoints", action="store_true",
+                     help="keep the random checkpoints in --workdir/checkpoints and reuse finished ones on the next "
+                          "run (a GPU call too short for writing and measuring a large model does the writing once)")
     out.add_argument("--out", required=True, help="the report (JSON), rewritten after every step")
     return out
 
@@ -157,6 +178,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None, impls: dict) 
     missing = [d for d in args.real.values() if not (Path(d) / "config.json").is_file()]
     if missing:
         parser.error(f"--checkpoint: no config.json in {', '.join(missing)}")
+    if args.keep_checkpoints and not args.workdir:
+        parser.error("--keep-checkpoints needs --workdir (where the checkpoints stay)")
     args.batch_list = [int(b) for b in args.batches.split(",")]
     return args
 
@@ -185,15 +208,27 @@ def run(args: argparse.Namespace, report: dict, compare: Compare, given_format: 
 
     if args.workdir:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)  # each run's checkpoints in a fresh directory inside
+    # `timeout` stops a run with SIGTERM: leave through the context managers, so no tens-of-GB checkpoint stays behind
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        return _run(args, report, compare, given_format, save)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace, report: dict, compare: Compare, given_format: str, save: Callable[[], None]) -> dict:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        root = Path(args.workdir) / "checkpoints" if args.keep_checkpoints else Path(tmp)
         for name in args.names:
             arch, layers = MODELS[name]
             layers = args.layers or layers
-            for fmt, model_dir in model_checkpoints(name, layers, args.format_list, Path(tmp) / name):
+            model_root = root / (f"{name}-{layers}" if args.keep_checkpoints else name)
+            for fmt, model_dir in model_checkpoints(name, layers, args.format_list, model_root):
                 entry = {"model": name, "arch": arch, "layers": layers, "format": fmt}
                 report["models"].append(entry)
                 compare(entry, model_dir, agreement_prompts(model_dir), save)
-            shutil.rmtree(Path(tmp) / name)  # a real-shape checkpoint takes tens of GB: one model's on disk at a time
+            if not args.keep_checkpoints:  # a real-shape checkpoint takes tens of GB: one model's on disk at a time
+                shutil.rmtree(model_root)
         for name, model_dir in args.real.items():
             config = json.loads((Path(model_dir) / "config.json").read_text())
             entry = {"model": name, "arch": config["architectures"][0],
