@@ -80,3 +80,22 @@ def dot_acc(a, b, acc, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, acc, input_precision="ieee")
     return tl.dot(a, b, acc)
+
+
+@triton.jit
+def latent_fold(m, l, acc, q_lat, q_pe, row, ok, cols_l, cols_r, l_ok, r_ok, scale_log2, L: tl.constexpr,
+                DOT: tl.constexpr, PREC: tl.constexpr):
+    """Fold the latent cache rows at pointers ``row`` (those with ``ok``; each ``L`` latent values, then the RoPE
+    part) into the online softmax ``(m, l, acc)`` of the queries ``q_lat | q_pe`` (base-2 logits): the rows are
+    the keys and, latent part only, the values.  A fold with no ``ok`` row so far keeps ``exp2`` finite."""
+    kv = tl.load(row[:, None] + cols_l[None, :], mask=ok[:, None] & l_ok[None, :], other=0.0).to(DOT)
+    pe = tl.load(row[:, None] + L + cols_r[None, :], mask=ok[:, None] & r_ok[None, :], other=0.0).to(DOT)
+    s = tl.dot(q_lat, tl.trans(kv), input_precision=PREC) + tl.dot(q_pe, tl.trans(pe), input_precision=PREC)
+    s = tl.where(ok[None, :], s * scale_log2, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT), kv, input_precision=PREC)
+    return m_new, l, acc

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.ops import _splitk as splitk
-from atom_kernels.ops._triton_common import FLOAT_DTYPES, LOG2E, dot_dtype, dot_precision, use_while
+from atom_kernels.ops._triton_common import FLOAT_DTYPES, LOG2E, dot_dtype, dot_precision, latent_fold, use_while
 from atom_kernels.ops.mla_decode.reference import check_mla_args
 
 MAX_LATENT = 1024  # kv_lora_rank is padded to a power of two in registers (DeepSeek: 512)
@@ -65,16 +65,7 @@ def _step(n0, m, l, acc, q_lat, q_pe, cache_ptr, bt_row_ptr, end, cols_l, cols_r
     ok = pos < end
     block = tl.load(bt_row_ptr + pos // PAGE, mask=ok, other=0).to(tl.int64)
     row = cache_ptr + block * sc_blk + (pos % PAGE).to(tl.int64) * sc_tok
-    kv = tl.load(row[:, None] + cols_l[None, :], mask=ok[:, None] & l_ok[None, :], other=0.0).to(DOT)
-    pe = tl.load(row[:, None] + L + cols_r[None, :], mask=ok[:, None] & r_ok[None, :], other=0.0).to(DOT)
-    s = tl.dot(q_lat, tl.trans(kv), input_precision=PREC) + tl.dot(q_pe, tl.trans(pe), input_precision=PREC)
-    s = tl.where(ok[None, :], s * scale_log2, float("-inf"))  # [BLOCK_H, BLOCK_N], base-2 logits
-    m_new = tl.maximum(m, tl.max(s, 1))  # finite: every step has at least one token
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l = l * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT), kv, input_precision=PREC)
-    return m_new, l, acc
+    return latent_fold(m, l, acc, q_lat, q_pe, row, ok, cols_l, cols_r, l_ok, r_ok, scale_log2, L, DOT, PREC)
 
 
 @triton.jit

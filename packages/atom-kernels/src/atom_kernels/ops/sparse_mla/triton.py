@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._triton_common import FLOAT_DTYPES, LOG2E, dot_dtype, dot_precision, use_while
+from atom_kernels.ops._triton_common import FLOAT_DTYPES, LOG2E, dot_dtype, dot_precision, latent_fold, use_while
 from atom_kernels.ops.sparse_mla.reference import check_sparse_mla_args
 
 MAX_LATENT = 1024
@@ -36,17 +36,7 @@ def _step(k0, m, l, acc, q_lat, q_pe, cache_ptr, slot_row_ptr, K, cols_l, cols_r
     ok = slot >= 0
     safe = tl.maximum(slot, 0).to(tl.int64)
     row = cache_ptr + (safe // PAGE) * sc_blk + (safe % PAGE) * sc_tok
-    kv = tl.load(row[:, None] + cols_l[None, :], mask=ok[:, None] & l_ok[None, :], other=0.0).to(DOT)
-    pe = tl.load(row[:, None] + L + cols_r[None, :], mask=ok[:, None] & r_ok[None, :], other=0.0).to(DOT)
-    s = tl.dot(q_lat, tl.trans(kv), input_precision=PREC) + tl.dot(q_pe, tl.trans(pe), input_precision=PREC)
-    s = tl.where(ok[None, :], s * scale_log2, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing selected yet: keep exp2 finite
-    alpha = tl.exp2(m - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l = l * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT), kv, input_precision=PREC)
-    return m_new, l, acc
+    return latent_fold(m, l, acc, q_lat, q_pe, row, ok, cols_l, cols_r, l_ok, r_ok, scale_log2, L, DOT, PREC)
 
 
 @triton.jit
