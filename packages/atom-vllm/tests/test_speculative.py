@@ -103,3 +103,31 @@ def test_mtp_generate_matches_without_drafts_and_vllms_own(tmp_path_factory, pro
     print(f"MTP acceptance (accepted/proposed): ATOM's draft {rates['atom-mtp']}, vLLM's own {rates['own-mtp']}")
     assert rates["atom-mtp"] == rates["own-mtp"]
     assert rates["atom-mtp"][1] > 0 and rates["atom-mtp"][0] / rates["atom-mtp"][1] >= MIN_ACCEPTANCE
+
+
+
+def _draft_forward(draft: str, returns: tuple):
+    """``VllmDraftAdapter.forward`` of ATOM's ``draft`` class over an atom-core forward that gives ``returns``."""
+    import torch
+
+    from atom_vllm import models
+
+    atom_class = type("AtomDraft", (), {"forward": staticmethod(lambda *args: returns)})
+    fake = type("Draft", (), {"atom_spec": getattr(models, draft).atom_spec, "atom_class": atom_class})()
+    return models.VllmDraftAdapter.forward(fake, None, torch.zeros(2), torch.zeros(2, 4))
+
+
+def test_draft_forward_returns_what_vllms_proposer_unpacks():
+    """vLLM's MTP proposer unpacks a pair from DeepSeek-style drafts only (``PAIR_DRAFTS``) and takes one tensor from
+    the others: ``Qwen3NextMTP``'s forward gives its one hidden state, and a draft that would recycle a different one
+    is refused rather than feeding vLLM the wrong half."""
+    import torch
+
+    from atom_core.errors import UnsupportedConfigError
+
+    y, other = torch.ones(2, 4), torch.zeros(2, 4)
+    assert _draft_forward("Qwen3NextMTP", (y, y)) is y
+    with pytest.raises(UnsupportedConfigError, match="recycles another one"):
+        _draft_forward("Qwen3NextMTP", (y, other))
+    pair = _draft_forward("DeepSeekMTPModel", (y, other))
+    assert pair[0] is y and pair[1] is other
