@@ -145,8 +145,8 @@ def test_speculative_refusals(mtp_dir, tiny):
         Runner(tiny(ARCH), device="cpu", dtype=torch.float32, speculative_tokens=2)
     with pytest.raises(UnsupportedArchitectureError, match="no draft model"):
         Runner(tiny("LlamaForCausalLM"), device="cpu", dtype=torch.float32, speculative_tokens=2)
-    with pytest.raises(UsageError, match="no linear-attention state"):  # GDN state has no rollback of rejected drafts
-        Runner(tiny("Qwen3NextForCausalLM"), device="cpu", dtype=torch.float32, speculative_tokens=2)
+    with pytest.raises(UsageError, match=r"plain \(one-row\) positions"):  # multimodal rotary positions
+        Runner(tiny("Qwen3VLForConditionalGeneration"), device="cpu", dtype=torch.float32, speculative_tokens=2)
     with pytest.raises(UsageError, match="at least 1 draft token"):
         Runner(mtp_dir(), device="cpu", dtype=torch.float32, speculative_tokens=-1)
 

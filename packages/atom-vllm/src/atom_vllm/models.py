@@ -75,6 +75,11 @@ def refuse_lora(vllm_config: Any, arch: str) -> None:
             "vLLM's own class")
 
 
+# the draft architectures whose forward vLLM's MTP proposer unpacks as a pair (its ``model_returns_tuple``, every tested
+# release); the others return one tensor, which for ATOM's drafts there is both halves of the pair (Qwen3NextMTP)
+PAIR_DRAFTS = frozenset({"DeepSeekMTPModel"})
+
+
 class VllmDraftAdapter:
     """vLLM's draft-model interface (its ``DeepSeekMTP``: ``forward(input_ids, positions, hidden_states, ...,
     spec_step_idx)``, ``compute_logits(hidden_states, spec_step_idx)``) over an atom-core draft model.  vLLM builds it
@@ -99,13 +104,19 @@ class VllmDraftAdapter:
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_states: torch.Tensor,
                 intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None,
-                spec_step_idx: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(hidden states for compute_logits, hidden states for the next draft step)``: vLLM's drafter unpacks the
-        pair for ``DeepSeekMTPModel`` (every tested release)."""
+                spec_step_idx: int = 0) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        """``(hidden states for compute_logits, hidden states for the next draft step)`` where vLLM's drafter
+        unpacks a pair (:data:`PAIR_DRAFTS`), else the first alone (the drafter feeds it to both)."""
         if intermediate_tensors is not None:
             raise UnsupportedConfigError(f"{type(self).__name__}: ATOM's draft models do not support pipeline "
                                          "parallelism yet")
-        return self.atom_class.forward(self, input_ids, positions, hidden_states, spec_step_idx, inputs_embeds)
+        out = self.atom_class.forward(self, input_ids, positions, hidden_states, spec_step_idx, inputs_embeds)
+        if self.atom_spec.name in PAIR_DRAFTS:
+            return out
+        if out[0] is not out[1]:
+            raise UnsupportedConfigError(f"{self.atom_spec.name}: vLLM's drafter takes one hidden state from this draft, "
+                                         "but ATOM's draft recycles another one into its next step")
+        return out[0]
 
     def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
         return self.atom_class.compute_logits(self, hidden_states, spec_step_idx)

@@ -10,8 +10,8 @@ with sparse MoE MLPs.
 
 rmsnorm₀ is the zero-centred RMSNorm (weight stored as w - 1).  Full attention: ``q_proj`` emits, per
 head, q then an output gate; q̂ and k̂ are per-head zero-centred RMSNorms; rotary covers
-``partial_rotary_factor`` (0.25) of the head dim.  Multi-token-prediction weights (``mtp.*``) are not
-used.
+``partial_rotary_factor`` (0.25) of the head dim.  Multi-token-prediction weights (``mtp.*``) belong to the
+draft model (:mod:`atom_core.models.qwen3_next_mtp`) and are skipped here.
 
 The decoder is shared with Qwen3.5 (:mod:`atom_core.models.qwen3_5`), which passes its own MLPs
 (``build_mlp``), its GDN checkpoint layout and multimodal rotary positions (then the q/k norms run inside
@@ -87,10 +87,13 @@ def qwen3_next_mlp(hf_config: Any, cfg: DecoderConfig, layer_id: int, *, host: H
 
 class Qwen3NextDecoderLayer(nn.Module):
     def __init__(self, hf_config: Any, cfg: DecoderConfig, layer_id: int, *, host: Host, prefix: str,
-                 build_mlp: MLPBuilder, gdn_checkpoint: dict[str, PackedTensor] = QWEN3_NEXT_CHECKPOINT):
+                 build_mlp: MLPBuilder, gdn_checkpoint: dict[str, PackedTensor] = QWEN3_NEXT_CHECKPOINT,
+                 layer_type: str | None = None):
+        """``layer_type``: the mixer kind, by default the config's for ``layer_id`` (the MTP draft's layers,
+        past the config's layers, are full attention)."""
         super().__init__()
         text = text_config(hf_config)
-        self.layer_type = hybrid_layer_types(text)[layer_id]
+        self.layer_type = layer_type or hybrid_layer_types(text)[layer_id]
         if self.layer_type == LINEAR_ATTENTION:
             self.linear_attn = GatedDeltaNet(GDNConfig.from_hf(hf_config), layer_id, host=host, prefix=f"{prefix}.linear_attn",
                                              checkpoint=gdn_checkpoint)

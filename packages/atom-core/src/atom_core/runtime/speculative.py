@@ -13,6 +13,11 @@ Per sequence, ``P`` positions hold the target's KV and ``pending`` is the token 
 
 The draft is built over the target's host, so its layer caches K/V in the same slots as the target for each position;
 positions the draft wrote from its own guesses are rewritten from the target's hidden states in the next round.
+
+A hybrid target (Gated DeltaNet layers, :mod:`atom_core.runtime.state_pool`) keeps a recurrent state per sequence that
+the verify step advances over every drafted token, accepted or not, and that cannot be truncated like the KV cache:
+the states are saved before the verify step, and for a sequence with rejected drafts put back and advanced again over
+the accepted tokens only (``pending, x_1 .. x_n``), which also rewrites their KV with the same values.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from atom_core.runtime.context import StepContext
 from atom_core.runtime.kv_cache import SequenceSlots, block_rows
 from atom_core.runtime.outputs import GenerationOutput
 from atom_core.runtime.sampler import SamplingParams, sample
+from atom_core.runtime.state_pool import StateSnapshot
 
 
 @dataclass
@@ -60,9 +66,8 @@ class SpeculativeDecoder:
         """``runner``: the :class:`atom_core.runtime.runner.Runner` whose model, host and sequences this decoder uses."""
         if num_draft_tokens < 1:
             raise UsageError(f"speculative decoding needs at least 1 draft token, got {num_draft_tokens}")
-        if runner.position_rows != 1 or catalog.HYBRID in runner.spec.capabilities:
-            raise UsageError(f"{runner.spec.name}: speculative decoding takes models with plain positions and no "
-                             "linear-attention state")
+        if runner.position_rows != 1:
+            raise UsageError(f"{runner.spec.name}: speculative decoding takes models with plain (one-row) positions")
         self.runner = runner
         self.num_draft_tokens = num_draft_tokens
         self.spec = catalog.draft_for(runner.spec)
@@ -91,6 +96,7 @@ class SpeculativeDecoder:
             slot_mapping=torch.tensor([slot(s, p) for s, a, e in zip(seqs, starts, ends) for p in range(a, e)],
                                       dtype=torch.int64, device=runner.device),
             block_table=torch.tensor(block_rows(seqs), dtype=torch.int32, device=runner.device), block_size=bs,
+            state_slots=[s.state_slot for s in seqs],
         )
         input_ids = torch.tensor([t for toks in tokens for t in toks], dtype=torch.int64, device=runner.device)
         positions = torch.tensor([p for a, e in zip(starts, ends) for p in range(a, e)], dtype=torch.int64,
@@ -135,6 +141,13 @@ class SpeculativeDecoder:
             rows, batch, ends = [rows[i] for i in live], [batch[i] for i in live], [ends[i] for i in live]
         return drafts
 
+    def _replay_accepted(self, saved: StateSnapshot, rows: list[int], seqs: list[_Sequence], starts: list[int]) -> None:
+        """Roll the linear-attention states of ``seqs`` (rows ``rows`` of ``saved``, taken before the verify step that
+        started at ``starts``) back, then advance them over the tokens they kept: ``tokens[start .. P)``."""
+        self.runner.host.state_pool.restore(saved, rows)
+        self._forward(self.runner.model, [s.slots for s in seqs], starts,
+                      [s.tokens[start : s.slots.length] for s, start in zip(seqs, starts)])
+
     # ------------------------------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> list[GenerationOutput]:
@@ -175,11 +188,14 @@ class SpeculativeDecoder:
                 starts = [s.slots.length for s in batch]  # P, before the draft's own steps grow the sequences
                 drafts = self._draft(batch, counts)
                 verify = [[s.tokens[p]] + d for s, p, d in zip(batch, starts, drafts)]
+                pool = runner.host.state_pool
+                saved = pool.save([s.slots.state_slot for s in batch]) if pool is not None else None
                 hidden = self._forward(runner.model, [s.slots for s in batch], starts, verify)
                 tokens, logprobs = sample(runner.model.compute_logits(hidden), params)
                 tokens, logprobs = tokens.tolist(), logprobs.tolist()
-                still, offset = [], 0
-                for i, seq, start, draft, h in zip(active, batch, starts, drafts, hidden.split([len(v) for v in verify])):
+                still, offset, rejected = [], 0, []
+                for row, (i, seq, start, draft, h) in enumerate(zip(active, batch, starts, drafts,
+                                                                    hidden.split([len(v) for v in verify]))):
                     target = tokens[offset : offset + len(draft) + 1]
                     target_lp = logprobs[offset : offset + len(draft) + 1]
                     offset += len(draft) + 1
@@ -198,6 +214,10 @@ class SpeculativeDecoder:
                     seq.slots.truncate(start + n + 1, runner.block_size, allocator)
                     if going:
                         still.append(i)
+                        if n < len(draft):
+                            rejected.append(row)
+                if saved is not None and rejected:
+                    self._replay_accepted(saved, rejected, [batch[r] for r in rejected], [starts[r] for r in rejected])
                 active = still
         finally:
             runner._release([s.slots for s in seqs])

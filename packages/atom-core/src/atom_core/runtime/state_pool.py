@@ -56,6 +56,27 @@ class StatePool:
     def release(self, slots: list[int]) -> None:
         self.free.extend(s for s in reversed(slots) if s >= 0)
 
+    def save(self, slots: list[int]) -> StateSnapshot:
+        """A copy of the given slots' conv and SSM states in every layer (to roll a step back with :meth:`restore`)."""
+        index = torch.tensor(slots, dtype=torch.int64, device=self.ssm[0].device)
+        return StateSnapshot(list(slots), [c[index].clone() for c in self.conv], [s[index].clone() for s in self.ssm])
+
+    def restore(self, snapshot: StateSnapshot, rows: list[int]) -> None:
+        """Put back the states ``snapshot`` holds for its slots at ``rows`` (indices into ``snapshot.slots``)."""
+        index = torch.tensor(rows, dtype=torch.int64, device=self.ssm[0].device)
+        slots = torch.tensor([snapshot.slots[r] for r in rows], dtype=torch.int64, device=self.ssm[0].device)
+        for pool, saved in zip((*self.conv, *self.ssm), (*snapshot.conv, *snapshot.ssm)):
+            pool[slots] = saved[index]
+
+
+@dataclass
+class StateSnapshot:
+    """Copies of some slots' states: ``conv[layer][i]`` / ``ssm[layer][i]`` belong to ``slots[i]``."""
+
+    slots: list[int]
+    conv: list[torch.Tensor]
+    ssm: list[torch.Tensor]
+
 
 class NativeLinearAttentionState:
     """What :meth:`NativeHost.linear_attention_state` returns: one layer's view of the pool."""
