@@ -1,5 +1,6 @@
-"""atom-vllm's indexer-key cache (:mod:`atom_vllm.sparse`) built under a vLLM config on vLLM's CPU platform, and that
-platform's answer to a sparse latent-attention layer; reports, as JSON, what vLLM sees.
+"""atom-vllm's indexer-key cache (:mod:`atom_vllm.sparse`) built under a vLLM config on vLLM's CPU platform, that
+platform's answer to a sparse latent-attention layer, and which of the catalog's sparse-attention architectures vLLM's
+own registry serves; reports, as JSON, what vLLM sees.
 
     python sparse_cache_probe.py OUT_JSON
 
@@ -19,13 +20,17 @@ NAME = "model.layers.0.self_attn.indexer.k_cache"
 
 def probe() -> dict:
     import torch
+    from vllm import ModelRegistry
     from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config
     from vllm.v1.attention.selector import get_attn_backend
 
+    from atom_core import catalog
     from atom_vllm.sparse import indexer_key_cache
 
     config = VllmConfig(cache_config=CacheConfig(block_size=BLOCK_SIZE))
-    out: dict = {}
+    own = set(ModelRegistry.get_supported_archs())
+    out: dict = {"own_sparse_archs": {spec.name: spec.name in own for spec in catalog.ARCHITECTURES.values()
+                                      if catalog.SPARSE_ATTENTION in spec.capabilities}}
     with set_current_vllm_config(config):
         layer = indexer_key_cache(config, NAME, HEAD_DIM, torch.float32)
         spec = layer.get_kv_cache_spec(config)

@@ -1,8 +1,9 @@
 """DeepSeek sparse attention's indexer-key cache inside vLLM (:mod:`atom_vllm.sparse`, :mod:`sparse_cache_probe`):
 built on vLLM's CPU platform, it is vLLM's own indexer-cache layer, registered in the forward context under the name
 vLLM's DeepSeek-V3.2 gives it, reporting one ``head_dim`` key of the model's dtype per token in blocks of the
-config's size.  And what the compatibility table says: vLLM's CPU platform selects no backend for a sparse latent
-layer, so the DSA step itself is a GPU run."""
+config's size.  And what the compatibility table says: vLLM's own registry serves every catalog architecture with
+sparse attention (its class, since atom-vllm registers none of them), and vLLM's CPU platform selects no backend for a
+sparse latent layer, so neither vLLM's class nor a DSA step can run on a CPU host."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ def test_indexer_cache_spec(probed):
 def test_indexer_cache_registered_once(probed):
     assert probed["registered"], "the layer is not in vLLM's forward context under its name"
     assert probed["duplicate"] and "Duplicate layer name" in probed["duplicate"], probed["duplicate"]
+
+
+def test_vllm_serves_the_sparse_architectures(probed):
+    assert probed["own_sparse_archs"] and all(probed["own_sparse_archs"].values()), probed["own_sparse_archs"]
 
 
 def test_cpu_platform_has_no_sparse_backend(probed):
