@@ -35,9 +35,9 @@ EXTENSIONS: dict[str, Extension] = {
         flags=("is_text_generation_model",),
     ),
     SPARSE_ATTENTION: Extension(
-        "VllmHost.attention(mla=LatentAttentionSpec(sparse=...)): the indexer-key cache beside vLLM's latent cache "
-        "and its sparse MLA backend reading the indexer's top-k (vLLM's DeepSeek-V3.2 path: FlashMLA sparse and "
-        "DeepGEMM's fp8 indexer kernels, GPU kernels; not tried on a CPU host)",
+        "VllmHost.attention(mla=LatentAttentionSpec(sparse=...)): the sparse step over vLLM's latent cache and the "
+        "indexer-key cache (atom_vllm.sparse, built): indexer scores, top-k and latent attention over the selected "
+        "rows, with ATOM's kernels or vLLM's sparse MLA backend (GPU-only; vLLM's CPU platform refuses sparse layers)",
         implemented=False,
     ),
     "pipeline-parallel": Extension(
