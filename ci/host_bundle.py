@@ -386,9 +386,16 @@ def unpack(part: Path, site: Path) -> int:
 
 
 def install(args: argparse.Namespace) -> int:
-    """Verify the parts present, unpack the new ones, report what is missing, print the PYTHONPATH."""
-    manifest, present = gather(args.parts, args.manifest)
+    """Verify the parts present, unpack the new ones, report what is missing, print the PYTHONPATH.  Where none of
+    ``--parts`` exists but ``--target`` holds an unpacked bundle (the parts were removed after an earlier run, e.g.
+    a later transfer did not carry them), that bundle's manifest stands in: complete, it is used as it is."""
     target = Path(args.target).absolute()
+    unpacked = target / "manifest.json"
+    if not args.manifest and unpacked.is_file() and not any(Path(p).exists() for p in args.parts):
+        manifest, present = json.loads(unpacked.read_text()), {}
+        print(f"{', '.join(args.parts)}: not here; using the bundle unpacked in {target}", file=sys.stderr)
+    else:
+        manifest, present = gather(args.parts, args.manifest)
     installed = read_state(target, manifest)
     expected = {p["name"]: p for p in manifest["parts"]}
     bad = []

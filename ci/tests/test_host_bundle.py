@@ -178,8 +178,30 @@ def test_target_guards(wheels, tmp_path, capsys):
     capsys.readouterr()
     assert install([tmp_path / "other"], target) == 1
     assert "use another --target" in capsys.readouterr().err
-    assert install([tmp_path / "nowhere"], target) == 1
+    assert install([tmp_path / "nowhere"], tmp_path / "empty") == 1
     assert "no such file" in capsys.readouterr().err
+
+
+def test_unpacked_bundle_serves_when_the_parts_are_gone(wheels, tmp_path, capsys):
+    """A later transfer that does not carry the parts removes them: the bundle unpacked earlier still serves."""
+    out, target = tmp_path / "out", tmp_path / "bundle"
+    assert build(wheels, out) == 0
+    names = [p["name"] for p in json.loads((out / "manifest.json").read_text())["parts"]]
+    first = tmp_path / "transfer1"
+    first.mkdir()
+    shutil.copy(out / "manifest.json", first)
+    shutil.copy(out / names[0], first)
+    assert install([first], target) == 0
+    shutil.rmtree(first)
+    capsys.readouterr()
+    assert install([first], target, "--require-all") == 3  # only part 1 was unpacked: the rest are named
+    assert f"missing {len(names) - 1} of {len(names)}" in capsys.readouterr().err
+    assert install([out], target, "--require-all") == 0
+    shutil.rmtree(out)
+    capsys.readouterr()
+    assert install([out], target, "--require-all") == 0
+    captured = capsys.readouterr()
+    assert "using the bundle unpacked in" in captured.err and f"PYTHONPATH={target / 'site'}" in captured.out
 
 
 def test_exact_pins_of_the_vllm_wheel_are_checked(wheels, tmp_path, capsys):
