@@ -318,10 +318,11 @@ def make_agreeing_eagle3_pair(target: str | Path, dst_target: str | Path, dst_dr
 
     The target is the tiny Llama / Qwen3 checkpoint at ``target`` with its attention outputs zeroed and its LM head
     rebuilt so that its next token is a permutation ``s`` of the current one: ``lm_head[s(t)]`` is the final hidden
-    state of token ``t`` (after the norm) scaled to a common length, which that state's logits peak at.  The draft reads the hidden state entering
-    the target's last layer (``fc`` picks it; the other two layers' are weighted 0), passes it through its decoder layer
-    (attention and MLP outputs zeroed), and its LM head holds that state for every token ``t`` (unit norm weight), so
-    its top draft token is the current token ``t``, which ``d2t`` maps to ``s(s(t))``: the token after the next."""
+    state of token ``t`` (after the norm) scaled to a common length, which that state's logits peak at.  The draft
+    reads the hidden state entering the target's last layer (``fc`` picks it; the other two layers' are weighted 0),
+    passes it through its decoder layer (attention and MLP outputs zeroed), and its LM head holds that state for every
+    token ``t`` (unit norm weight), so its top draft token is the current token ``t``, which ``d2t`` maps to
+    ``s(s(t))``: the token after the next."""
     import shutil
 
     import transformers
