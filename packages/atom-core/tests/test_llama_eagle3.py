@@ -112,6 +112,10 @@ def test_draft_matches_reference(eagle3):
         finite = want.isfinite()
         err = (got[finite] - want[finite]).abs().max().item()
         assert err <= DRAFT_LOGIT_ATOL, f"prompt of {len(prompt)}: max |draft logit difference| {err:.2e}"
+    # the target records its auxiliary hidden states for the draft's calls only: its prompt logits are unchanged
+    plain = Runner(target, device="cpu", dtype=torch.float32)
+    for got, want in zip(runner.prompt_logits(PROMPTS), plain.prompt_logits(PROMPTS)):
+        assert torch.equal(got, want)
 
 
 def _generate(target: str, draft: str | None, k: int, prompts, max_new_tokens: int = 12):

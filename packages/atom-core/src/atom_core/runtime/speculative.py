@@ -89,10 +89,8 @@ class SpeculativeDecoder:
                                                  checkpoint_names=checkpoint.weight_map)
             self.model.load_weights(checkpoint)
         self.model.eval()
-        # the target's hidden states the draft reads: its final ones, or those entering the layers the draft names
-        aux_layers = getattr(self.model, "aux_hidden_state_layers", ())
-        if aux_layers:
-            runner.model.set_aux_hidden_state_layers(aux_layers)
+        # the target's hidden states the draft reads: its final ones, or (EAGLE-3) those entering the layers it names
+        self.aux_layers = tuple(getattr(self.model, "aux_hidden_state_layers", ()))
         self.stats = DraftStats()
 
     # ------------------------------------------------------------------------------------- steps
@@ -128,12 +126,18 @@ class SpeculativeDecoder:
 
     def _target_call(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's ``(hidden states, what the draft reads at those positions)``: its final hidden states, or
-        (EAGLE-3) the ones entering the layers the draft names, concatenated."""
-        out = self.runner.model(input_ids, positions)
-        if isinstance(out, tuple):
-            hidden, aux = out
-            return hidden, torch.cat(aux, dim=-1)
-        return out, out
+        (EAGLE-3) the ones entering the layers the draft names, concatenated.  The target records them for these
+        calls only: its other callers (``Runner.prompt_logits``) get its hidden states alone."""
+        model = self.runner.model
+        if not self.aux_layers:
+            hidden = model(input_ids, positions)
+            return hidden, hidden
+        model.set_aux_hidden_state_layers(self.aux_layers)
+        try:
+            hidden, aux = model(input_ids, positions)
+        finally:
+            model.set_aux_hidden_state_layers(())
+        return hidden, torch.cat(aux, dim=-1)
 
     def _draft_call(self, input_ids: torch.Tensor, positions: torch.Tensor, *, previous: torch.Tensor,
                     step: int) -> tuple[torch.Tensor, torch.Tensor]:
