@@ -7,6 +7,7 @@ runner's greedy speculative decoding.
 * Speculative decoding gives exactly the tokens (and logprobs within 1e-4) greedy decoding gives without drafts, with
   a random draft (acceptance near zero) and with one constructed to agree with its target, for 1 and 3 draft tokens.
 * Acceptance: the agreeing draft's first guess is the target's next token (>= 90% with 1 draft token).
+* A draft checkpoint's own ``embed_tokens`` is used where it has one, else the target's.
 * Bad drafts and bad use are refused with a one-line message naming the cause.
 """
 
@@ -116,6 +117,21 @@ def test_draft_matches_reference(eagle3):
     plain = Runner(target, device="cpu", dtype=torch.float32)
     for got, want in zip(runner.prompt_logits(PROMPTS), plain.prompt_logits(PROMPTS)):
         assert torch.equal(got, want)
+
+
+def test_draft_own_embedding(eagle3, tmp_path):
+    """A draft checkpoint with ``embed_tokens`` uses its own (here: the target's rows reversed); without, the target's."""
+    target, draft = eagle3("LlamaForCausalLM")
+    embed = read_tensors(target)["model.embed_tokens.weight"]
+    logits = {}
+    for name, extra in (("shared", {}), ("own", {"embed_tokens.weight": embed.flip(0).contiguous()})):
+        runner = Runner(target, device="cpu", dtype=torch.float32, speculative_tokens=1,
+                        draft_model=_broken_copy(draft, tmp_path / name, tensors=extra))
+        logits[name] = runner.speculative.draft_logits(PROMPTS[0], 123)
+    reference = reference_draft_logits(target, draft, PROMPTS[0], 123)
+    finite = reference.isfinite()
+    assert (logits["shared"][finite] - reference[finite]).abs().max() <= DRAFT_LOGIT_ATOL
+    assert (logits["own"][finite] - reference[finite]).abs().max() > 1e-2
 
 
 def _generate(target: str, draft: str | None, k: int, prompts, max_new_tokens: int = 12):

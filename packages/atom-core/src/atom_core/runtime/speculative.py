@@ -60,7 +60,7 @@ class DraftStats:
 class _Sequence:
     slots: SequenceSlots
     tokens: list[int]  # prompt + emitted tokens; tokens[P] is the pending token
-    hidden: list[torch.Tensor] = field(default_factory=list)  # the target's hidden states at [drafted, P)
+    hidden: list[torch.Tensor] = field(default_factory=list)  # what the draft reads of the target at [drafted, P)
     drafted: int = 0  # positions before this one went through the draft with the target's hidden state
 
 
