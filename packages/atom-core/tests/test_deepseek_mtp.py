@@ -144,7 +144,7 @@ def test_speculative_refusals(mtp_dir, tiny):
     with pytest.raises(CheckpointError, match=r"did not provide: model\.layers\.3\.enorm\.weight"):
         Runner(tiny(ARCH), device="cpu", dtype=torch.float32, speculative_tokens=2)
     with pytest.raises(UnsupportedArchitectureError, match="no draft model"):
-        Runner(tiny("LlamaForCausalLM"), device="cpu", dtype=torch.float32, speculative_tokens=2)
+        Runner(tiny("Qwen2ForCausalLM"), device="cpu", dtype=torch.float32, speculative_tokens=2)
     with pytest.raises(UsageError, match=r"plain \(one-row\) positions"):  # multimodal rotary positions
         Runner(tiny("Qwen3VLForConditionalGeneration"), device="cpu", dtype=torch.float32, speculative_tokens=2)
     with pytest.raises(UsageError, match="at least 1 draft token"):

@@ -333,14 +333,21 @@ def host_plan(extensions: Mapping[str, Any], host: str) -> tuple[list[str], dict
     return served, skipped
 
 
+# where a draft's weights are: in the target's checkpoint (MTP layers), or a checkpoint of its own (EAGLE-3 heads)
+IN_TARGET = "in-target"
+SEPARATE = "separate"
+
+
 @dataclass(frozen=True)
 class DraftSpec:
-    """A draft model of speculative decoding that a target architecture's checkpoints carry."""
+    """A draft model of speculative decoding over some target architectures."""
 
     name: str  # the architecture the hosts resolve the draft by (vLLM's ``DeepSeekMTPModel``)
     model: str  # "module:Class" of the ATOM implementation
-    targets: tuple[str, ...]  # the target architectures whose checkpoints hold its weights
+    targets: tuple[str, ...]  # the target architectures it drafts for
     method: str  # the hosts' speculative method name
+    checkpoint: str = IN_TARGET  # IN_TARGET or SEPARATE
+    aliases: tuple[str, ...] = ()  # other names a separate draft's config.json spells its architecture with
 
     def model_class(self) -> type:
         module, _, name = self.model.partition(":")
@@ -352,15 +359,35 @@ DRAFTS: dict[str, DraftSpec] = {
     for spec in (
         DraftSpec("DeepSeekMTPModel", "atom_core.models.deepseek_mtp:DeepSeekMTP", ("DeepseekV3ForCausalLM",), "mtp"),
         DraftSpec("Qwen3NextMTP", "atom_core.models.qwen3_next_mtp:Qwen3NextMTP", ("Qwen3NextForCausalLM",), "mtp"),
+        DraftSpec("Eagle3LlamaForCausalLM", "atom_core.models.llama_eagle3:Eagle3LlamaForCausalLM",
+                  ("LlamaForCausalLM", "Qwen3ForCausalLM"), "eagle3", SEPARATE, aliases=("LlamaForCausalLMEagle3",)),
     )
 }
 
 
-def draft_for(target: ArchSpec) -> DraftSpec:
-    """The draft of ``target``'s checkpoints; an :class:`UnsupportedArchitectureError` naming the ones that have one."""
+def draft_for(target: ArchSpec, draft_architectures: list[str] | None = None, where: str = "") -> DraftSpec:
+    """The draft of ``target``: the one its own checkpoint carries (``draft_architectures`` None), or the one a separate
+    draft checkpoint's config names (its ``architectures``, read from ``where``).  An
+    :class:`UnsupportedArchitectureError` (or :class:`UsageError`) naming what is wrong and what exists."""
+    from atom_core.errors import UsageError
+
+    if draft_architectures is not None:
+        for spec in DRAFTS.values():
+            if spec.checkpoint == SEPARATE and {spec.name, *spec.aliases} & set(draft_architectures):
+                if target.name not in spec.targets:
+                    raise UnsupportedArchitectureError(f"{where}: a {spec.name} draft takes {', '.join(spec.targets)} "
+                                                       f"targets, not {target.name}")
+                return spec
+        have = sorted(n for spec in DRAFTS.values() if spec.checkpoint == SEPARATE for n in (spec.name, *spec.aliases))
+        raise UnsupportedArchitectureError(f"{where}: architectures {draft_architectures} is no draft ATOM runs; "
+                                           f"separate drafts: {', '.join(have)}")
     for spec in DRAFTS.values():
-        if target.name in spec.targets:
+        if target.name in spec.targets and spec.checkpoint == IN_TARGET:
             return spec
+    separate = [spec.name for spec in DRAFTS.values() if target.name in spec.targets]
+    if separate:
+        raise UsageError(f"{target.name}'s drafts ({', '.join(separate)}) are separate checkpoints: give the draft "
+                         "checkpoint's directory (--draft DIR)")
     have = sorted(t for spec in DRAFTS.values() for t in spec.targets)
     raise UnsupportedArchitectureError(f"{target.name} has no draft model in ATOM for speculative decoding; "
                                        f"drafts exist for: {', '.join(have)}")

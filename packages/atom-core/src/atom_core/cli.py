@@ -37,6 +37,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(f"--speculative decodes greedily: it takes --temperature 0, got {args.temperature}")
     if args.speculative < 0:
         raise UsageError(f"--speculative takes a number of draft tokens >= 0, got {args.speculative}")
+    if args.draft is not None and not args.speculative:
+        raise UsageError("--draft DIR takes --speculative N (the number of draft tokens)")
     device = resolve_device(args.device)
     check_environment(device.type)  # the kernel backends asked for can run there
     model_dir = Path(args.model)
@@ -55,7 +57,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_prompts(prompts, text.vocab_size, getattr(text, "max_position_embeddings", None), params.max_new_tokens)
     lora, adapters = _lora_arguments(args.lora, args.adapter, len(prompts))
     runner = Runner(args.model, device=device, dtype=DTYPES[args.dtype], quantization=args.quantization,
-                    cuda_graphs=args.cuda_graphs, lora=lora, speculative_tokens=args.speculative)
+                    cuda_graphs=args.cuda_graphs, lora=lora, speculative_tokens=args.speculative,
+                    draft_model=args.draft)
     if args.image:
         prompts = _image_prompts(runner, args.image, prompts)
     if args.json:
@@ -286,7 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="quantize an unquantized checkpoint's linear layers at load")
     gen.add_argument("--speculative", type=int, default=0, metavar="N",
                      help="greedy speculative decoding with N draft tokens from the checkpoint's multi-token-prediction "
-                          "layers (DeepSeek-V3/R1); 0 = off (default)")
+                          "layers (DeepSeek-V3/R1, Qwen3-Next) or from --draft; 0 = off (default)")
+    gen.add_argument("--draft", default=None, metavar="DIR",
+                     help="a separate draft checkpoint for --speculative: an EAGLE-3 head over a Llama / Qwen3 target")
     gen.add_argument("--json", action="store_true", help='one {"token_ids", "logprobs"} object per prompt')
     gen.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                      help="load the peft LoRA adapter directory PATH as NAME (repeatable)")

@@ -244,3 +244,124 @@ def add_qwen3_next_mtp(src: str | Path, dst: str | Path, *, seed: int = 0, agree
         (out / "config.json").write_text(json.dumps(dict(config, num_nextn_predict_layers=1), indent=2))
         save_file({**tensors, **mtp}, str(out / "model.safetensors"), metadata={"format": "pt"})
     return dst
+
+
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"  # as EAGLE-3 checkpoints' config.json spell it
+
+
+def _load_tensors(src: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for file in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def _write_eagle3(dst: Path, target_config: dict, tensors: dict[str, torch.Tensor], draft_vocab: torch.Tensor,
+                  layer_ids: list[int]) -> Path:
+    """An EAGLE-3 checkpoint at ``dst``: ``tensors`` (``midlayer.*``, ``fc``, ``norm``, ``lm_head``) with ``d2t`` / ``t2d``
+    for ``draft_vocab`` (the target token of each draft token), its config derived from the target's."""
+    from safetensors.torch import save_file
+
+    vocab = target_config["vocab_size"]
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[draft_vocab] = True
+    tensors = dict(tensors, d2t=draft_vocab - torch.arange(len(draft_vocab)), t2d=t2d)
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "max_position_embeddings", "rms_norm_eps", "rope_parameters", "rope_theta", "vocab_size", "bos_token_id",
+            "eos_token_id")
+    config = {k: target_config[k] for k in keep if k in target_config}
+    config.update(architectures=[EAGLE3_ARCHITECTURE], model_type="llama", num_hidden_layers=1,
+                  draft_vocab_size=len(draft_vocab), target_hidden_size=target_config["hidden_size"],
+                  tie_word_embeddings=False, eagle_config={"eagle_aux_hidden_state_layer_ids": layer_ids})
+    with staged_dir(dst, writer="atom_core.tiny.eagle3") as out:
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def _eagle3_layer(target: dict[str, torch.Tensor], gen: torch.Generator, hidden: int) -> dict[str, torch.Tensor]:
+    """``midlayer.*``: the target's layer 0 with q/k/v over ``[embedding ; hidden]`` (2H wide), random norms."""
+    layer = {"midlayer." + name[len("model.layers.0."):]: t.clone() for name, t in target.items()
+             if name.startswith("model.layers.0.") and not re.search(r"\.(q|k)_norm\.", name)}  # Qwen3's q/k norms
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        w = layer[f"midlayer.self_attn.{proj}.weight"]
+        layer[f"midlayer.self_attn.{proj}.weight"] = torch.randn(w.shape[0], 2 * hidden, generator=gen) / (2 * hidden) ** 0.5
+    layer["midlayer.hidden_norm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    return layer
+
+
+def make_eagle3_draft(target: str | Path, dst: str | Path, *, seed: int = 0, draft_vocab_size: int = 128,
+                      layer_ids: list[int] | None = None) -> Path:
+    """A random EAGLE-3 draft at ``dst`` for the tiny Llama / Qwen3 checkpoint at ``target``: its decoder layer shaped
+    like the target's, ``fc`` over three target layers' hidden states (``layer_ids``, default the first, middle and
+    last), a draft vocabulary of ``draft_vocab_size`` random target tokens (``d2t``)."""
+    target, dst = Path(target), Path(dst)
+    config = json.loads((target / "config.json").read_text())
+    tensors = _load_tensors(target)
+    hidden, vocab, n = config["hidden_size"], config["vocab_size"], config["num_hidden_layers"]
+    gen = torch.Generator().manual_seed(seed)
+    draft_vocab = torch.randperm(vocab, generator=gen)[:draft_vocab_size].sort().values
+    draft = _eagle3_layer(tensors, gen, hidden)
+    draft.update({
+        "fc.weight": torch.randn(hidden, 3 * hidden, generator=gen) / (3 * hidden) ** 0.5,
+        "norm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
+        "lm_head.weight": torch.randn(draft_vocab_size, hidden, generator=gen) / hidden**0.5,
+    })
+    return _write_eagle3(dst, config, draft, draft_vocab, layer_ids or [0, n // 2, n - 1])
+
+
+def make_agreeing_eagle3_pair(target: str | Path, dst_target: str | Path, dst_draft: str | Path, *,
+                              seed: int = 0) -> tuple[Path, Path]:
+    """A target at ``dst_target`` and an EAGLE-3 draft at ``dst_draft`` that predicts it exactly.
+
+    The target is the tiny Llama / Qwen3 checkpoint at ``target`` with its attention outputs zeroed and its LM head
+    rebuilt so that its next token is a permutation ``s`` of the current one: ``lm_head[s(t)]`` is the final hidden
+    state of token ``t`` (after the norm) scaled to a common length, which that state's logits peak at.  The draft
+    reads the hidden state entering the target's last layer (``fc`` picks it; the other two layers' are weighted 0),
+    passes it through its decoder layer (attention and MLP outputs zeroed), and its LM head holds that state for every
+    token ``t`` (unit norm weight), so its top draft token is the current token ``t``, which ``d2t`` maps to
+    ``s(s(t))``: the token after the next."""
+    import shutil
+
+    import transformers
+    from safetensors.torch import save_file
+
+    target, dst_target = Path(target), Path(dst_target)
+    config = json.loads((target / "config.json").read_text())
+    tensors = _load_tensors(target)
+    hidden, vocab, n = config["hidden_size"], config["vocab_size"], config["num_hidden_layers"]
+    eps = config["rms_norm_eps"]
+    gen = torch.Generator().manual_seed(seed)
+    for name in tensors:
+        if name.endswith("self_attn.o_proj.weight"):
+            tensors[name] = torch.zeros_like(tensors[name])
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+        out = model.model(input_ids=torch.arange(vocab)[:, None], output_hidden_states=True)
+    final, entering_last = out.last_hidden_state[:, 0], out.hidden_states[n - 1][:, 0]
+    perm = torch.randperm(vocab, generator=gen)  # s(t) = perm[t]
+    head = torch.empty_like(final)
+    # equal lengths: the logits peak at the state itself (a token whose embedding is zero, the padding one, has none)
+    head[perm] = final / final.norm(dim=-1, keepdim=True).clamp_min(1e-6) * hidden**0.5
+    tensors["lm_head.weight"] = head
+    with staged_dir(dst_target, writer="atom_core.tiny.make_agreeing_eagle3_pair") as out_dir:
+        for file in target.iterdir():
+            if file.is_file() and not file.name.startswith("model.safetensors") and file.name != MARKER:
+                shutil.copy(file, out_dir / file.name)
+        (out_dir / "config.json").write_text(json.dumps(dict(config, tie_word_embeddings=False), indent=2))
+        save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    draft = _eagle3_layer(tensors, gen, hidden)
+    for name in draft:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            draft[name] = torch.zeros_like(draft[name])
+    draft.update({
+        "fc.weight": torch.cat([torch.zeros(hidden, 2 * hidden), torch.eye(hidden)], dim=1),
+        "norm.weight": torch.ones(hidden),
+        "lm_head.weight": entering_last * torch.rsqrt(entering_last.pow(2).mean(-1, keepdim=True) + eps),
+    })
+    _write_eagle3(Path(dst_draft), config, draft, perm[perm], [0, n // 2, n - 1])
+    return dst_target, Path(dst_draft)

@@ -132,14 +132,21 @@ class DecoderModel(nn.Module):
             for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # layers whose input hidden state forward also returns (an EAGLE-3 draft reads them); empty: none
+        self.aux_hidden_state_layers: tuple[int, ...] = ()
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None):
+        """The final hidden states; with ``aux_hidden_state_layers`` set, ``(final, [the residual stream entering
+        each of those layers])`` (layer 0's is the token embedding), as vLLM's EAGLE-3 targets return them."""
         h = inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)
         residual = None
-        for layer in self.layers:
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_hidden_state_layers:
+                aux.append(h if residual is None else h + residual)
             h, residual = layer(positions, h, residual)
         h, _ = self.norm(h, residual)
-        return h
+        return (h, aux) if self.aux_hidden_state_layers else h
 
 
 DENSE_MAPPER = WeightMapper(
@@ -181,6 +188,15 @@ class LlamaForCausalLM(CausalLM):
 
     def mapper(self) -> WeightMapper:
         return TIED_DENSE_MAPPER if self.decoder_config.tie_word_embeddings else DENSE_MAPPER
+
+    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
+        """Make ``forward`` return ``(hidden, [input of layer i for i in layers])`` (empty: the hidden states only)."""
+        self.model.aux_hidden_state_layers = tuple(layers)
+
+    def get_eagle3_aux_hidden_state_layers(self) -> tuple[int, ...]:
+        """The layers an EAGLE-3 draft reads when its config names none: low, middle, high (vLLM's default)."""
+        n = self.decoder_config.num_layers
+        return (2, n // 2, n - 3)
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -76,10 +76,11 @@ class Runner:
     def __init__(self, model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  block_size: int = 16, tp: TensorParallel | None = None, quantization: str | None = None,
                  cuda_graphs: bool | None = None, lora: Mapping[str, str | Path] | None = None,
-                 speculative_tokens: int = 0):
+                 speculative_tokens: int = 0, draft_model: str | Path | None = None):
         """``lora``: adapter name -> peft adapter directory; a prompt picks one by name (``adapters=`` of
         :meth:`generate` and :meth:`prompt_logits`), several in one batch.  Decode steps run eagerly with adapters.
-        ``speculative_tokens``: greedy drafts per step from the checkpoint's draft layers (0: none)."""
+        ``speculative_tokens``: greedy drafts per step from the checkpoint's draft layers, or from the separate draft
+        checkpoint ``draft_model`` (an EAGLE-3 head) when given (0: none)."""
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
         self.dtype = dtype
@@ -111,9 +112,11 @@ class Runner:
         if speculative_tokens and self.lora is not None:
             raise UsageError("speculative decoding with LoRA adapters is not supported: the draft layers would run "
                              "without the adapters (give one of speculative_tokens / lora)")
+        if draft_model is not None and not speculative_tokens:
+            raise UsageError(f"a draft model ({draft_model}) is given but speculative_tokens is 0: give both")
         if speculative_tokens:
             with torch.device(self.device), _default_dtype(dtype):
-                self.speculative = SpeculativeDecoder(self, speculative_tokens)
+                self.speculative = SpeculativeDecoder(self, speculative_tokens, draft_model)
 
     # ------------------------------------------------------------------------------------- steps
     def _ensure_cache(self, slots_needed: int) -> None:

@@ -1,12 +1,14 @@
-"""Greedy speculative decoding in the native runner: a draft model (the checkpoint's multi-token-prediction layers)
-guesses ``k`` tokens, the target checks them all in one forward, and the longest prefix it agrees with is kept
-together with the target's own next token (the bonus), so the output equals greedy decoding without drafts.
+"""Greedy speculative decoding in the native runner: a draft model (the checkpoint's multi-token-prediction layers, or
+an EAGLE-3 head from a checkpoint of its own) guesses ``k`` tokens, the target checks them all in one forward, and the
+longest prefix it agrees with is kept together with the target's own next token (the bonus), so the output equals
+greedy decoding without drafts.
 
 Per sequence, ``P`` positions hold the target's KV and ``pending`` is the token for position ``P``.  A round:
 
 1. draft: the draft layer runs over the positions the target finished since its last run, each with the target's
-   hidden state there and the token after it (the last one is ``pending``), then ``k - 1`` more single steps on its
-   own guesses (each taking the previous step's recycled hidden state); it guesses ``x_1 .. x_k`` for positions ``P + 1 .. P + k``;
+   hidden state there (EAGLE-3: the ones entering the three target layers it names, concatenated) and the token after
+   it (the last one is ``pending``), then ``k - 1`` more single steps on its own guesses (each taking the previous
+   step's recycled hidden state); it guesses ``x_1 .. x_k`` for positions ``P + 1 .. P + k``;
 2. verify: the target runs over ``[pending, x_1 .. x_k]`` at positions ``P .. P + k``; its greedy tokens ``y_0 .. y_k``;
 3. accept: ``n`` = the longest run with ``x_j = y_{j-1}``; ``x_1 .. x_n, y_n`` are emitted, ``P`` becomes
    ``P + n + 1`` and the KV of the rejected positions is discarded (their blocks go back to the allocator).
@@ -25,11 +27,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from atom_core import catalog
+from atom_core.config import load_hf_config
+from atom_core.config_checks import config_file
 from atom_core.errors import UsageError
 from atom_core.loader import Checkpoint
 from atom_core.runtime.context import StepContext
@@ -55,25 +60,37 @@ class DraftStats:
 class _Sequence:
     slots: SequenceSlots
     tokens: list[int]  # prompt + emitted tokens; tokens[P] is the pending token
-    hidden: list[torch.Tensor] = field(default_factory=list)  # the target's hidden states at [drafted, P)
+    hidden: list[torch.Tensor] = field(default_factory=list)  # what the draft reads of the target at [drafted, P)
     drafted: int = 0  # positions before this one went through the draft with the target's hidden state
 
 
 class SpeculativeDecoder:
     """The draft model of ``runner``'s checkpoint over the runner's host, and the greedy draft-verify loop."""
 
-    def __init__(self, runner: Any, num_draft_tokens: int):
-        """``runner``: the :class:`atom_core.runtime.runner.Runner` whose model, host and sequences this decoder uses."""
+    def __init__(self, runner: Any, num_draft_tokens: int, draft_dir: str | Path | None = None):
+        """``runner``: the :class:`atom_core.runtime.runner.Runner` whose model, host and sequences this decoder uses;
+        ``draft_dir``: a separate draft checkpoint (EAGLE-3), None: the draft layers of the target's checkpoint."""
         if num_draft_tokens < 1:
             raise UsageError(f"speculative decoding needs at least 1 draft token, got {num_draft_tokens}")
         if runner.position_rows != 1:
             raise UsageError(f"{runner.spec.name}: speculative decoding takes models with plain (one-row) positions")
         self.runner = runner
         self.num_draft_tokens = num_draft_tokens
-        self.spec = catalog.draft_for(runner.spec)
-        self.model = self.spec.model_class()(runner.hf_config, runner.host)
-        self.model.load_weights(Checkpoint(runner.model_dir))
+        if draft_dir is None:
+            self.spec = catalog.draft_for(runner.spec)
+            self.model = self.spec.model_class()(runner.hf_config, runner.host)
+            self.model.load_weights(Checkpoint(runner.model_dir))
+        else:
+            draft_config = load_hf_config(draft_dir)
+            self.spec = catalog.draft_for(runner.spec, list(getattr(draft_config, "architectures", None) or []),
+                                          where=config_file(draft_config))
+            checkpoint = Checkpoint(draft_dir)
+            self.model = self.spec.model_class()(draft_config, runner.host, target=runner.model,
+                                                 checkpoint_names=checkpoint.weight_map)
+            self.model.load_weights(checkpoint)
         self.model.eval()
+        # the target's hidden states the draft reads: its final ones, or (EAGLE-3) those entering the layers it names
+        self.aux_layers = tuple(getattr(self.model, "aux_hidden_state_layers", ()))
         self.stats = DraftStats()
 
     # ------------------------------------------------------------------------------------- steps
@@ -106,6 +123,21 @@ class SpeculativeDecoder:
             return model_call(input_ids, positions)
         finally:
             runner.host.context = None
+
+    def _target_call(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's ``(hidden states, what the draft reads at those positions)``: its final hidden states, or
+        (EAGLE-3) the ones entering the layers the draft names, concatenated.  The target records them for these
+        calls only: its other callers (``Runner.prompt_logits``) get its hidden states alone."""
+        model = self.runner.model
+        if not self.aux_layers:
+            hidden = model(input_ids, positions)
+            return hidden, hidden
+        model.set_aux_hidden_state_layers(self.aux_layers)
+        try:
+            hidden, aux = model(input_ids, positions)
+        finally:
+            model.set_aux_hidden_state_layers(())
+        return hidden, torch.cat(aux, dim=-1)
 
     def _draft_call(self, input_ids: torch.Tensor, positions: torch.Tensor, *, previous: torch.Tensor,
                     step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +177,7 @@ class SpeculativeDecoder:
         """Roll the linear-attention states of ``seqs`` (rows ``rows`` of ``saved``, taken before the verify step that
         started at ``starts``) back, then advance them over the tokens they kept: ``tokens[start .. P)``."""
         self.runner.host.state_pool.restore(saved, rows)
-        self._forward(self.runner.model, [s.slots for s in seqs], starts,
+        self._forward(self._target_call, [s.slots for s in seqs], starts,
                       [s.tokens[start : s.slots.length] for s, start in zip(seqs, starts)])
 
     # ------------------------------------------------------------------------------------- generation
@@ -172,11 +204,11 @@ class SpeculativeDecoder:
             return outputs[i].append(token, logprob, params.max_new_tokens, stop_ids)
 
         try:
-            hidden = self._forward(runner.model, [s.slots for s in seqs], [0] * len(seqs), prompts)
+            hidden, for_draft = self._forward(self._target_call, [s.slots for s in seqs], [0] * len(seqs), prompts)
             last = torch.tensor([len(p) for p in prompts], device=hidden.device).cumsum(0) - 1
             tokens, logprobs = sample(runner.model.compute_logits(hidden[last]), params)
             active = []
-            for i, (seq, h, token, logprob) in enumerate(zip(seqs, hidden.split([len(p) for p in prompts]),
+            for i, (seq, h, token, logprob) in enumerate(zip(seqs, for_draft.split([len(p) for p in prompts]),
                                                              tokens.tolist(), logprobs.tolist())):
                 seq.hidden, seq.tokens = [h], seq.tokens + [token]
                 if emit(i, token, logprob):
@@ -190,12 +222,12 @@ class SpeculativeDecoder:
                 verify = [[s.tokens[p]] + d for s, p, d in zip(batch, starts, drafts)]
                 pool = runner.host.state_pool
                 saved = pool.save([s.slots.state_slot for s in batch]) if pool is not None else None
-                hidden = self._forward(runner.model, [s.slots for s in batch], starts, verify)
+                hidden, for_draft = self._forward(self._target_call, [s.slots for s in batch], starts, verify)
                 tokens, logprobs = sample(runner.model.compute_logits(hidden), params)
                 tokens, logprobs = tokens.tolist(), logprobs.tolist()
                 still, offset, rejected = [], 0, []
                 for row, (i, seq, start, draft, h) in enumerate(zip(active, batch, starts, drafts,
-                                                                    hidden.split([len(v) for v in verify]))):
+                                                                    for_draft.split([len(v) for v in verify]))):
                     target = tokens[offset : offset + len(draft) + 1]
                     target_lp = logprobs[offset : offset + len(draft) + 1]
                     offset += len(draft) + 1
@@ -233,7 +265,7 @@ class SpeculativeDecoder:
         runner._ensure_positions(len(prompt))
         (slots,) = runner._new_sequences(1)
         try:
-            hidden = self._forward(runner.model, [slots], [0], [prompt])
+            _, hidden = self._forward(self._target_call, [slots], [0], [prompt])
             out, _ = self._forward(lambda ids, pos: self.model(ids, pos, hidden, 0), [slots], [0],
                                    [prompt[1:] + [next_token]])
             return self.model.compute_logits(out).float()
