@@ -136,16 +136,15 @@ def newest(session: nox.Session) -> None:
         install_atom(session, "atom-kernels", "atom-core")
         session.run("python", "-c", "from importlib.metadata import version; "
                     f"print('newest on PyPI:', ', '.join(f'{{p}} {{version(p)}}' for p in {NEWEST!r}))", env=env)
-        # tensor-parallel runs (two processes each, a third of `tests`' time) stay with `tests`: here an upstream
-        # release's API breaks show in the single-process tests of the same code
+        # tensor-parallel runs (two processes each, a third of `tests`' time) and the tools' tests (never released:
+        # users do not run them on a newer stack) stay with `tests`: here an upstream release's API breaks show in
+        # the single-process tests of the shipped packages
         args = session.posargs or ["-n", "2", "--dist", "loadgroup", "--durations=10", "-k", "not tp2"]
         # ci/newest_known_failures.py: the breaks ci/pins.toml [newest] records are xfail, any other fails the session
         known = env | {"PYTHONPATH": str(ROOT / "ci")}
         for package in ("atom-kernels", "atom-core"):
             session.run("pytest", "-q", "-p", "no:cacheprovider", "-p", "newest_known_failures",
                         f"packages/{package}/tests", "-rx", *args, env=known)
-        session.run("pytest", "-q", "-p", "no:cacheprovider", "-p", "newest_known_failures", *TOOLS_HOST_FREE, "-rx",
-                    *args, env=known | {"PYTHONPATH": f"{ROOT / 'ci'}:{ROOT / 'tools'}"})
     finally:
         shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 

@@ -240,7 +240,7 @@ def _tp_rank(rank: int, port: int, model_dir: str, adapter_dir: str, out_path: s
         dist.destroy_process_group()
 
 
-def test_adapter_under_tensor_parallelism(tiny, tmp_path):
+def test_tp2_adapter_follows_the_parallel_layers(tiny, tmp_path):
     """Two CPU ranks (gloo): column-parallel layers keep their rows of B (kv heads replicated over the ranks
     included), row-parallel layers their columns of A, the partial delta summed by the layer's all-reduce."""
     import torch.multiprocessing as mp
