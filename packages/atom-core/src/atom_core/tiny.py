@@ -337,7 +337,7 @@ def make_agreeing_eagle3_pair(target: str | Path, dst_target: str | Path, dst_dr
     for name in tensors:
         if name.endswith("self_attn.o_proj.weight"):
             tensors[name] = torch.zeros_like(tensors[name])
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32, trust_remote_code=False).eval()
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
