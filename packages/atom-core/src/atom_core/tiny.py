@@ -156,9 +156,8 @@ def add_mtp_layer(src: str | Path, dst: str | Path, *, seed: int = 0, agreeing: 
     zeroed and its attention outputs scaled by ``agreeing``, and the MTP layer reduced to
     ``head(norm(embed(next token)))``.  At 0 the target's next token depends on the current token alone and the draft
     predicts it exactly; above 0 the target also reads its context and the draft is right less often."""
-    import shutil
 
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     src, dst = Path(src), Path(dst)
     config = json.loads((src / "config.json").read_text())
@@ -188,13 +187,7 @@ def add_mtp_layer(src: str | Path, dst: str | Path, *, seed: int = 0, agreeing: 
                 mtp[name] = torch.zeros_like(mtp[name])
         mtp[f"{layer}enorm.weight"] = torch.ones(hidden)
         mtp[f"{layer}eh_proj.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
-    with staged_dir(dst, writer="atom_core.tiny.add_mtp_layer") as out:
-        for file in src.iterdir():
-            if file.is_file() and not file.name.startswith("model.safetensors") and file.name != MARKER:
-                shutil.copy(file, out / file.name)
-        (out / "config.json").write_text(json.dumps(dict(config, num_nextn_predict_layers=1), indent=2))
-        save_file({**tensors, **mtp}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return dst
+    return _write_with_mtp(src, dst, config, {**tensors, **mtp}, "atom_core.tiny.add_mtp_layer")
 
 
 def add_qwen3_next_mtp(src: str | Path, dst: str | Path, *, seed: int = 0, agreeing: float | None = None) -> Path:
@@ -206,9 +199,8 @@ def add_qwen3_next_mtp(src: str | Path, dst: str | Path, *, seed: int = 0, agree
     zeroed and its attention and linear-attention outputs scaled by ``agreeing``, and the MTP layer reduced to
     ``lm_head(norm(embed(next token)))``.  At 0 the target's next token depends on the current token alone and the
     draft predicts it exactly; above 0 the target also reads its context and the draft is right less often."""
-    import shutil
 
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     src, dst = Path(src), Path(dst)
     config = json.loads((src / "config.json").read_text())
@@ -237,12 +229,21 @@ def add_qwen3_next_mtp(src: str | Path, dst: str | Path, *, seed: int = 0, agree
                 mtp[name] = torch.zeros_like(mtp[name])
         mtp["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(hidden)
         mtp["mtp.fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
-    with staged_dir(dst, writer="atom_core.tiny.add_qwen3_next_mtp") as out:
+    return _write_with_mtp(src, dst, config, {**tensors, **mtp}, "atom_core.tiny.add_qwen3_next_mtp")
+
+
+def _write_with_mtp(src: Path, dst: Path, config: dict, tensors: dict, writer: str) -> Path:
+    """``src``'s files (its weights excepted) with ``tensors`` as its one weights file and one MTP layer in the config."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    with staged_dir(dst, writer=writer) as out:
         for file in src.iterdir():
             if file.is_file() and not file.name.startswith("model.safetensors") and file.name != MARKER:
                 shutil.copy(file, out / file.name)
         (out / "config.json").write_text(json.dumps(dict(config, num_nextn_predict_layers=1), indent=2))
-        save_file({**tensors, **mtp}, str(out / "model.safetensors"), metadata={"format": "pt"})
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return dst
 
 
