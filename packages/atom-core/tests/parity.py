@@ -63,3 +63,19 @@ def check_model(model_dir: str, hf, *, device="cpu", dtype=torch.float32, atol=F
             lp = ref_logprobs[step, mine].item()
             assert abs(out.logprobs[step] - lp) <= atol, f"step {step}: logprob {out.logprobs[step]} vs {lp}"
     return runner
+
+
+def speculative_generate(model_dir: str, k: int, prompts, max_new_tokens: int = 12, draft: str | None = None):
+    """Greedy outputs of the native runner drafting ``k`` tokens per step (0: no drafts) from the checkpoint's own
+    draft layers or the ``draft`` checkpoint, and the decoder's acceptance stats (None without drafts)."""
+    runner = Runner(model_dir, device="cpu", dtype=torch.float32, speculative_tokens=k, draft_model=draft)
+    outputs = runner.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
+    return outputs, (runner.speculative.stats if runner.speculative else None)
+
+
+def assert_same_outputs(plain, spec, logprob_atol: float) -> None:
+    """Decoding with drafts gave decoding without them: the same tokens, and log-probabilities within the bound."""
+    for p, s in zip(plain, spec):
+        assert s.token_ids == p.token_ids
+        assert s.finish_reason == p.finish_reason == "length"
+        assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(p.logprobs), atol=logprob_atol)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import hf_model, with_random_correction_bias
-from parity import PROMPTS
+from parity import PROMPTS, assert_same_outputs, speculative_generate
 from quant_helpers import read_tensors
 from safetensors.torch import save_file
 
@@ -98,35 +98,26 @@ def test_mtp_layer_matches_reference(mtp_dir):
         assert err <= DRAFT_LOGIT_ATOL, f"prompt of {len(prompt)}: max |draft logit difference| {err:.2e}"
 
 
-def _generate(model_dir: str, k: int, prompts, max_new_tokens: int = 12):
-    runner = Runner(model_dir, device="cpu", dtype=torch.float32, speculative_tokens=k)
-    outputs = runner.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
-    return outputs, (runner.speculative.stats if runner.speculative else None)
-
-
 @pytest.mark.parametrize("agreeing", [None, 0.0, 0.5])
 @pytest.mark.parametrize("k", [1, 3])
 def test_speculative_output_equals_greedy(mtp_dir, agreeing, k):
     model_dir = mtp_dir(agreeing)
-    plain, _ = _generate(model_dir, 0, PROMPTS)
-    spec, stats = _generate(model_dir, k, PROMPTS)
-    for p, s in zip(plain, spec):
-        assert s.token_ids == p.token_ids
-        assert s.finish_reason == p.finish_reason == "length"
-        assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(p.logprobs), atol=1e-4)
+    plain, _ = speculative_generate(model_dir, 0, PROMPTS)
+    spec, stats = speculative_generate(model_dir, k, PROMPTS)
+    assert_same_outputs(plain, spec, logprob_atol=1e-4)
     print(f"agreeing={agreeing} k={k}: acceptance {stats.acceptance_rate:.3f} ({stats.accepted}/{stats.proposed})")
     assert stats.proposed > 0
 
 
 def test_agreeing_draft_is_accepted(mtp_dir):
-    _, stats = _generate(mtp_dir(0.0), 3, PROMPTS, max_new_tokens=16)
+    _, stats = speculative_generate(mtp_dir(0.0), 3, PROMPTS, max_new_tokens=16)
     assert stats.acceptance_rate >= MIN_ACCEPTANCE_AGREEING, f"acceptance {stats.acceptance_rate:.3f}"
 
 
 def test_speculative_stops_at_eos(mtp_dir):
     """An end-of-sequence token among the accepted ones ends the sequence there, as it does without drafts."""
     model_dir = mtp_dir(0.0)
-    plain, _ = _generate(model_dir, 0, PROMPTS[:1], max_new_tokens=12)
+    plain, _ = speculative_generate(model_dir, 0, PROMPTS[:1], max_new_tokens=12)
     eos = plain[0].token_ids[5]
     runner = Runner(model_dir, device="cpu", dtype=torch.float32, speculative_tokens=3)
     runner.eos_token_ids = {eos}

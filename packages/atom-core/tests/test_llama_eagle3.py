@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from parity import PROMPTS
+from parity import PROMPTS, assert_same_outputs, speculative_generate
 from quant_helpers import read_tensors
 from safetensors.torch import save_file
 
 from atom_core.errors import CheckpointError, UnsupportedArchitectureError, UnsupportedConfigError, UsageError
 from atom_core.runtime.runner import Runner
-from atom_core.runtime.sampler import SamplingParams
 from atom_core.tiny import make_agreeing_eagle3_pair, make_eagle3_draft
 
 TARGETS = ("LlamaForCausalLM", "Qwen3ForCausalLM")
@@ -134,23 +133,14 @@ def test_draft_own_embedding(eagle3, tmp_path):
     assert (logits["own"][finite] - reference[finite]).abs().max() > 1e-2
 
 
-def _generate(target: str, draft: str | None, k: int, prompts, max_new_tokens: int = 12):
-    runner = Runner(target, device="cpu", dtype=torch.float32, speculative_tokens=k, draft_model=draft)
-    outputs = runner.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
-    return outputs, (runner.speculative.stats if runner.speculative else None)
-
-
 @pytest.mark.parametrize("agreeing", [False, True])
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("arch", TARGETS)
 def test_speculative_output_equals_greedy(eagle3, arch, k, agreeing):
     target, draft = eagle3(arch, agreeing)
-    plain, _ = _generate(target, None, 0, PROMPTS)
-    spec, stats = _generate(target, draft, k, PROMPTS)
-    for p, s in zip(plain, spec):
-        assert s.token_ids == p.token_ids
-        assert s.finish_reason == p.finish_reason == "length"
-        assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(p.logprobs), atol=1e-4)
+    plain, _ = speculative_generate(target, 0, PROMPTS)
+    spec, stats = speculative_generate(target, k, PROMPTS, draft=draft)
+    assert_same_outputs(plain, spec, logprob_atol=1e-4)
     print(f"{arch} agreeing={agreeing} k={k}: acceptance {stats.acceptance_rate:.3f} ({stats.accepted}/{stats.proposed})")
     assert stats.proposed > 0
     if not agreeing:
@@ -159,7 +149,8 @@ def test_speculative_output_equals_greedy(eagle3, arch, k, agreeing):
 
 @pytest.mark.parametrize("arch", TARGETS)
 def test_agreeing_draft_is_accepted(eagle3, arch):
-    _, stats = _generate(*eagle3(arch, agreeing=True), 1, PROMPTS, max_new_tokens=16)
+    target, draft = eagle3(arch, agreeing=True)
+    _, stats = speculative_generate(target, 1, PROMPTS, max_new_tokens=16, draft=draft)
     assert stats.acceptance_rate >= MIN_ACCEPTANCE_AGREEING, f"acceptance {stats.acceptance_rate:.3f}"
 
 

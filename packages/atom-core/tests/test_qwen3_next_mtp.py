@@ -19,14 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import hf_model
-from parity import PROMPTS
+from parity import PROMPTS, assert_same_outputs, speculative_generate
 from quant_helpers import read_tensors
 from safetensors.torch import save_file
 
 from atom_core.errors import CheckpointError, UnsupportedConfigError
 from atom_core.runtime import speculative
 from atom_core.runtime.runner import Runner
-from atom_core.runtime.sampler import SamplingParams
 from atom_core.tiny import add_qwen3_next_mtp
 
 ARCH = "Qwen3NextForCausalLM"
@@ -95,26 +94,13 @@ def test_mtp_layer_matches_reference(mtp_dir):
         assert err <= DRAFT_LOGIT_ATOL, f"prompt of {len(prompt)}: max |draft logit difference| {err:.2e}"
 
 
-def _generate(model_dir: str, k: int, prompts, max_new_tokens: int = 12):
-    runner = Runner(model_dir, device="cpu", dtype=torch.float32, speculative_tokens=k)
-    outputs = runner.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
-    return outputs, (runner.speculative.stats if runner.speculative else None)
-
-
-def _assert_same(plain, spec):
-    for p, s in zip(plain, spec):
-        assert s.token_ids == p.token_ids
-        assert s.finish_reason == p.finish_reason == "length"
-        assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(p.logprobs), atol=LOGPROB_ATOL)
-
-
 @pytest.mark.parametrize("agreeing", [None, 0.0, 0.5])
 @pytest.mark.parametrize("k", [1, 3])
 def test_speculative_output_equals_greedy(mtp_dir, agreeing, k):
     model_dir = mtp_dir(agreeing)
-    plain, _ = _generate(model_dir, 0, PROMPTS)
-    spec, stats = _generate(model_dir, k, PROMPTS)
-    _assert_same(plain, spec)
+    plain, _ = speculative_generate(model_dir, 0, PROMPTS)
+    spec, stats = speculative_generate(model_dir, k, PROMPTS)
+    assert_same_outputs(plain, spec, LOGPROB_ATOL)
     print(f"agreeing={agreeing} k={k}: acceptance {stats.acceptance_rate:.3f} ({stats.accepted}/{stats.proposed})")
     assert stats.proposed > 0
 
@@ -122,14 +108,14 @@ def test_speculative_output_equals_greedy(mtp_dir, agreeing, k):
 def test_rejected_drafts_need_the_state_rollback(mtp_dir, monkeypatch):
     """Without rolling the recurrent state back, the rejected drafts of a random checkpoint change the output."""
     model_dir = mtp_dir()
-    plain, _ = _generate(model_dir, 0, PROMPTS)
+    plain, _ = speculative_generate(model_dir, 0, PROMPTS)
     monkeypatch.setattr(speculative.SpeculativeDecoder, "_replay_accepted", lambda *args: None)
-    spec, _ = _generate(model_dir, 3, PROMPTS)
+    spec, _ = speculative_generate(model_dir, 3, PROMPTS)
     assert any(s.token_ids != p.token_ids for p, s in zip(plain, spec))
 
 
 def test_agreeing_draft_is_accepted(mtp_dir):
-    _, stats = _generate(mtp_dir(0.0), 3, PROMPTS, max_new_tokens=16)
+    _, stats = speculative_generate(mtp_dir(0.0), 3, PROMPTS, max_new_tokens=16)
     assert stats.acceptance_rate >= MIN_ACCEPTANCE_AGREEING, f"acceptance {stats.acceptance_rate:.3f}"
 
 
