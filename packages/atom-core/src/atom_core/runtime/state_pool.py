@@ -57,9 +57,10 @@ class StatePool:
         self.free.extend(s for s in reversed(slots) if s >= 0)
 
     def save(self, slots: list[int]) -> StateSnapshot:
-        """A copy of the given slots' conv and SSM states in every layer (to roll a step back with :meth:`restore`)."""
+        """A copy of the given slots' conv and SSM states in every layer (to roll a step back with :meth:`restore`);
+        indexing with a tensor copies, so the snapshot does not follow the pool."""
         index = torch.tensor(slots, dtype=torch.int64, device=self.ssm[0].device)
-        return StateSnapshot(list(slots), [c[index].clone() for c in self.conv], [s[index].clone() for s in self.ssm])
+        return StateSnapshot(list(slots), [c[index] for c in self.conv], [s[index] for s in self.ssm])
 
     def restore(self, snapshot: StateSnapshot, rows: list[int]) -> None:
         """Put back the states ``snapshot`` holds for its slots at ``rows`` (indices into ``snapshot.slots``)."""
