@@ -9,7 +9,7 @@ import pytest
 from atom_tools.e2e import driver
 from atom_tools.e2e import vllm as bench
 from atom_tools.e2e.driver import AGREEMENT_PROMPTS
-from atom_tools.e2e.vllm import compare_agreement, kernel_table, main, reference_scores, summarize
+from atom_tools.e2e.vllm import compare_agreement, kernel_table, main, reference_quantization, reference_scores, summarize
 
 
 def test_summarize_states_median_and_spread():
@@ -58,6 +58,15 @@ def test_reference_scores_say_which_implementation_follows_transformers(tmp_path
     assert got["exact"]["prompt_logprob_max_abs_diff"] < 1e-5 and got["exact"]["output_logprob_mean_abs_diff"] < 1e-5
     assert got["wrong"]["output_regret_max"] > 0.0 and got["wrong"]["output_reference_greedy"] < 1.0
     assert got["wrong"]["prompt_logprob_max_abs_diff"] < 1e-5  # the prompts are scored alike
+
+
+def test_mxfp4_reference_is_dequantized_by_transformers(tmp_path):
+    """An MXFP4 checkpoint's reference is read through transformers' dequantizing reader (its kernel path would
+    fetch from the Hub, which the offline GPU machine cannot); other checkpoints load as they are."""
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "mxfp4"}}))
+    assert reference_quantization(tmp_path)["quantization_config"].dequantize is True
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8"}}))
+    assert reference_quantization(tmp_path) == {}
 
 
 class FakeEngine:

@@ -221,6 +221,18 @@ def kernel_table(profile_dir: Path, top: int = 30) -> dict:
             "kernels": [[n[:120], round(t, 1)] for n, t in ranked[:top]]}
 
 
+def reference_quantization(model_dir: Path) -> dict:
+    """transformers' loading arguments for the reference of a quantized checkpoint: MXFP4 is dequantized by
+    transformers' own reader (its GPU path fetches kernels from the Hub, which the offline GPU machine cannot reach;
+    the dequantized weights are the checkpoint's values exactly, then upcast)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    if config.get("quantization_config", {}).get("quant_method") == "mxfp4":
+        from transformers import Mxfp4Config
+
+        return {"quantization_config": Mxfp4Config(dequantize=True)}
+    return {}
+
+
 def reference_scores(model_dir: Path, prompts: list[list[int]], agreement: dict[str, list[dict]],
                      device: str = "cuda") -> dict:
     """transformers in float32 (the checkpoint's weights, upcast) scores each prompt followed by each
@@ -234,7 +246,7 @@ def reference_scores(model_dir: Path, prompts: list[list[int]], agreement: dict[
     # straight onto the GPU (device_map; the GPU machine has accelerate): a real-shape float32 copy is tens of GB
     placement = {"device_map": device} if device != "cpu" else {}
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, trust_remote_code=False,
-                                                 **placement).eval()
+                                                 **placement, **reference_quantization(model_dir)).eval()
     scores = {}
     with torch.inference_mode():
         for impl, outputs in agreement.items():
