@@ -31,7 +31,7 @@ from types import SimpleNamespace
 
 import torch
 
-from atom_sglang import compat
+from atom_sglang import compat, contract
 from atom_sglang.compat import ByRelease
 from atom_sglang.latent import SGLangLatentAttention
 
@@ -107,7 +107,7 @@ class SGLangCPUBatch:
         self.graph_sizes: set[int] = set()  # decode graph sizes "captured" (graph_bs)
         self.mm_inputs: list = [None] * num_requests
         if hasattr(model, "get_image_feature"):  # the multimodal embedding cache SGLang's KV-cache builder sets up
-            compat.Symbol(MM_EMBEDDING_CACHE.get()).resolve()(64 * 1024 * 1024)
+            contract.Symbol(MM_EMBEDDING_CACHE.get()).resolve()(64 * 1024 * 1024)
 
     def _hybrid_pools(self, model, kv: dict, full_layers: list[int]) -> None:
         from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool

@@ -7,12 +7,13 @@ import os
 import subprocess
 import sys
 
-from atom_sglang.compat import ByRelease, Symbol
+from atom_sglang.compat import ByRelease
+from atom_sglang.contract import Symbol
 
 PACKAGE = "atom_sglang.models"
 
 # The SGLang symbols this harness (not the adapter) relies on where the supported releases differ; test_contract
-# checks them beside atom_sglang.compat.CONTRACT, and the ByRelease tables below pick among them.
+# checks them beside atom_sglang.contract.CONTRACT, and the ByRelease tables below pick among them.
 HARNESS: tuple[Symbol, ...] = (
     Symbol("sglang.srt.runtime_context:publish", ("server_args", "role"), used_by="start_cpu_runtime",
            releases="<0.5.21"),

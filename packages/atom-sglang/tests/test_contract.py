@@ -11,7 +11,7 @@ import logging
 import pytest
 from _sglang_env import HARNESS
 
-from atom_sglang import _pins, compat, plugin
+from atom_sglang import _pins, compat, contract, plugin
 
 pytestmark = pytest.mark.sglang
 
@@ -26,7 +26,7 @@ def members(obj) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("symbol", compat.CONTRACT + HARNESS, ids=lambda s: s.path + (f" ({s.releases})" if s.releases else ""))
+@pytest.mark.parametrize("symbol", contract.CONTRACT + HARNESS, ids=lambda s: s.path + (f" ({s.releases})" if s.releases else ""))
 def test_symbol_has_the_parameters_the_adapter_uses(symbol):
     """Each symbol the adapter (or this test harness) uses in the installed release: it exists and, where its call
     is described, has the parameters it is called with, in that order, and wants no other (every parameter

@@ -201,7 +201,7 @@ def _processor_cls(hf_config):
     return get_mm_processor_cls(hf_config)
 
 
-# SGLang's processor class for a config (atom_sglang.compat.CONTRACT has the three symbols)
+# SGLang's processor class for a config (atom_sglang.contract.CONTRACT has the three symbols)
 PROCESSOR_CLASS = ByRelease("SGLang's multimodal processor choice", {
     "<0.5.18": _processor_in_mapping,
     ">=0.5.18,<0.5.20": _processor_cls_with_server_args,

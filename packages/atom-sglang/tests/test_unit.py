@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from atom_core import catalog
-from atom_sglang import _pins, capabilities, compat
+from atom_sglang import _pins, capabilities, compat, contract
 from atom_sglang.host import SGLangHost, SGLangTP, radix_window
 from atom_sglang.linear_attention import SGLangLinearAttentionState, check_state_plan
 from atom_sglang.wrapper import entry_classes, guard_weight_processing, reset_weight_processing, uses_mrope, wrapper_class
@@ -226,7 +226,7 @@ def test_release_tables_give_each_supported_release_one_spelling():
 def test_each_contract_symbol_is_in_some_supported_release():
     from _sglang_env import HARNESS
 
-    for symbol in compat.CONTRACT + HARNESS:
+    for symbol in contract.CONTRACT + HARNESS:
         assert any(symbol.present_in(r) for r in _pins.RELEASES), f"{symbol.path}: no supported release in {symbol.releases!r}"
 
 
