@@ -105,6 +105,8 @@ def test_dispatch_falls_back_for_unsupported_calls(rng):
     assert mla_triton.unsupported(q, cache, table, seq_lens, scale, 16) is None
     strided = q.transpose(1, 2).contiguous().transpose(1, 2)
     assert "contiguous" in mla_triton.unsupported(strided, cache, table, seq_lens, scale, 16)
+    assert "kv_lora_rank 2048 > 1024" == mla_triton.unsupported(q, cache, table, seq_lens, scale, 2048)
+    assert "float caches only" in mla_triton.unsupported(q, cache.to(torch.float8_e4m3fn), table, seq_lens, scale, 16)
     with pytest.raises(ValueError, match="kv_lora_rank"):
         mla_decode.call_backend("reference", q, cache, table, seq_lens, scale, 32)
 

@@ -82,6 +82,17 @@ def dot_acc(a, b, acc, IEEE: tl.constexpr):
     return tl.dot(a, b, acc)
 
 
+def latent_cache_unsupported(q: torch.Tensor, cache: torch.Tensor, kv_lora_rank: int, max_latent: int) -> str | None:
+    """Why the latent-attention kernels (MLA decode, sparse MLA) cannot take these tensors, or None."""
+    if kv_lora_rank > max_latent:
+        return f"kv_lora_rank {kv_lora_rank} > {max_latent}"
+    if q.stride(-1) != 1 or cache.stride(-1) != 1:
+        return "q and cache need a contiguous last dim"
+    if q.dtype not in FLOAT_DTYPES or cache.dtype not in FLOAT_DTYPES:
+        return f"q {q.dtype} / cache {cache.dtype}: float caches only"
+    return None
+
+
 @triton.jit
 def latent_fold(m, l, acc, q_lat, q_pe, row, ok, cols_l, cols_r, l_ok, r_ok, scale_log2, L: tl.constexpr,
                 DOT: tl.constexpr, PREC: tl.constexpr):

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.ops import _splitk as splitk
-from atom_kernels.ops._triton_common import FLOAT_DTYPES, LOG2E, dot_dtype, dot_precision, latent_fold, use_while
+from atom_kernels.ops._triton_common import LOG2E, dot_dtype, dot_precision, latent_cache_unsupported, latent_fold, use_while
 from atom_kernels.ops.mla_decode.reference import check_mla_args
 
 MAX_LATENT = 1024  # kv_lora_rank is padded to a power of two in registers (DeepSeek: 512)
@@ -47,13 +47,7 @@ def num_splits(batch: int, head_groups: int, max_context: int, device: torch.dev
 
 
 def unsupported(q, cache, block_table, seq_lens, scale, kv_lora_rank) -> str | None:
-    if kv_lora_rank > MAX_LATENT:
-        return f"kv_lora_rank {kv_lora_rank} > {MAX_LATENT}"
-    if q.stride(-1) != 1 or cache.stride(-1) != 1:
-        return "q and cache need a contiguous last dim"
-    if q.dtype not in FLOAT_DTYPES or cache.dtype not in FLOAT_DTYPES:
-        return f"q {q.dtype} / cache {cache.dtype}: float caches only"
-    return None
+    return latent_cache_unsupported(q, cache, kv_lora_rank, MAX_LATENT)
 
 
 @triton.jit

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._triton_common import FLOAT_DTYPES, LOG2E, dot_dtype, dot_precision, latent_fold, use_while
+from atom_kernels.ops._triton_common import LOG2E, dot_dtype, dot_precision, latent_cache_unsupported, latent_fold, use_while
 from atom_kernels.ops.sparse_mla.reference import check_sparse_mla_args
 
 MAX_LATENT = 1024
@@ -18,13 +18,7 @@ BLOCK_N = 32
 
 
 def unsupported(q, cache, slots, scale, kv_lora_rank) -> str | None:
-    if kv_lora_rank > MAX_LATENT:
-        return f"kv_lora_rank {kv_lora_rank} > {MAX_LATENT}"
-    if q.stride(-1) != 1 or cache.stride(-1) != 1:
-        return "q and cache need a contiguous last dim"
-    if q.dtype not in FLOAT_DTYPES or cache.dtype not in FLOAT_DTYPES:
-        return f"q {q.dtype} / cache {cache.dtype}: float caches only"
-    return None
+    return latent_cache_unsupported(q, cache, kv_lora_rank, MAX_LATENT)
 
 
 @triton.jit
