@@ -79,3 +79,24 @@ def assert_same_outputs(plain, spec, logprob_atol: float) -> None:
         assert s.token_ids == p.token_ids
         assert s.finish_reason == p.finish_reason == "length"
         assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(p.logprobs), atol=logprob_atol)
+
+
+def assert_drafts_keep_greedy(model_dir: str, k: int, prompts, logprob_atol: float, draft: str | None = None):
+    """Greedy decoding drafting ``k`` tokens per step gives the outputs of decoding without drafts; returns the
+    drafted run's acceptance stats (printed too)."""
+    plain, _ = speculative_generate(model_dir, 0, prompts)
+    spec, stats = speculative_generate(model_dir, k, prompts, draft=draft)
+    assert_same_outputs(plain, spec, logprob_atol)
+    print(f"k={k}: acceptance {stats.acceptance_rate:.3f} ({stats.accepted}/{stats.proposed})")
+    return stats
+
+
+def assert_draft_logits_match(runner: Runner, reference, prompts, atol: float, next_token: int = 123) -> None:
+    """The runner's draft logits after each prompt followed by ``next_token`` equal ``reference(prompt, next_token)``
+    within ``atol``."""
+    for prompt in prompts:
+        got = runner.speculative.draft_logits(prompt, next_token)
+        want = reference(prompt, next_token)
+        assert got.shape == want.shape
+        err = (got - want).abs().max().item()
+        assert err <= atol, f"prompt of {len(prompt)}: max |draft logit difference| {err:.2e}"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import hf_model, with_random_correction_bias
-from parity import PROMPTS, assert_same_outputs, speculative_generate
+from parity import PROMPTS, assert_draft_logits_match, assert_drafts_keep_greedy, speculative_generate
 from quant_helpers import read_tensors
 from safetensors.torch import save_file
 
@@ -90,22 +90,14 @@ def reference_draft_logits(model_dir: str, prompt: list[int], next_token: int) -
 def test_mtp_layer_matches_reference(mtp_dir):
     model_dir = mtp_dir()
     runner = Runner(model_dir, device="cpu", dtype=torch.float32, speculative_tokens=1)
-    for prompt in PROMPTS:
-        got = runner.speculative.draft_logits(prompt, 123)
-        want = reference_draft_logits(model_dir, prompt, 123)
-        assert got.shape == want.shape
-        err = (got - want).abs().max().item()
-        assert err <= DRAFT_LOGIT_ATOL, f"prompt of {len(prompt)}: max |draft logit difference| {err:.2e}"
+    assert_draft_logits_match(runner, lambda prompt, token: reference_draft_logits(model_dir, prompt, token), PROMPTS,
+                              DRAFT_LOGIT_ATOL)
 
 
 @pytest.mark.parametrize("agreeing", [None, 0.0, 0.5])
 @pytest.mark.parametrize("k", [1, 3])
 def test_speculative_output_equals_greedy(mtp_dir, agreeing, k):
-    model_dir = mtp_dir(agreeing)
-    plain, _ = speculative_generate(model_dir, 0, PROMPTS)
-    spec, stats = speculative_generate(model_dir, k, PROMPTS)
-    assert_same_outputs(plain, spec, logprob_atol=1e-4)
-    print(f"agreeing={agreeing} k={k}: acceptance {stats.acceptance_rate:.3f} ({stats.accepted}/{stats.proposed})")
+    stats = assert_drafts_keep_greedy(mtp_dir(agreeing), k, PROMPTS, 1e-4)
     assert stats.proposed > 0
 
 
