@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import peft
 import pytest
 import torch
 from test_generate import ENGINE_ENV, TIE_GAP
@@ -32,6 +31,8 @@ def hf_model(model_dir: str):
 
 
 def make_adapter(model_dir: str, out, targets: list[str], *, seed: int, r: int, alpha: int, rslora: bool = False) -> str:
+    import peft  # installed by the sessions with the generate check only
+
     model = peft.get_peft_model(hf_model(model_dir), peft.LoraConfig(
         r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, use_rslora=rslora))
     gen = torch.Generator().manual_seed(seed)
@@ -46,6 +47,8 @@ def make_adapter(model_dir: str, out, targets: list[str], *, seed: int, r: int, 
 @torch.inference_mode()
 def peft_greedy(model_dir: str, adapter: str | None, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
     """transformers (+ peft with ``adapter``): greedy tokens and the fp32 logits at each generated step."""
+    import peft
+
     model = hf_model(model_dir)
     if adapter:
         model = peft.PeftModel.from_pretrained(model, adapter).eval()
