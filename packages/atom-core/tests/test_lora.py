@@ -278,3 +278,40 @@ def test_generate_command_with_lora(tiny, tmp_path, capsys):
                          (["--lora", f"a={a_dir}", "--adapter", "c"], "adapter 'c' is not loaded")):
         assert main([*common, *bad]) == 2
         assert message in capsys.readouterr().err
+
+
+class _Tokens:
+    token_adapter = None
+
+
+def test_slots_write_clear_and_per_token_index():
+    """LoraSlots (a host's adapter manager's interface): a fused q|k|v layer with two slots; slot 1 holds an adapter
+    on q and v (rank 2 < the slot's 4), slot 0 one on k only.  Each token gets its own slot's ``x Aᵀ Bᵀ`` on its
+    shard's rows and nothing elsewhere; a token with index -1 and a cleared slot get the base output."""
+    from atom_core.layers.linear import QKVParallelLinear
+    from atom_core.lora import LoraSlots
+    from atom_core.runtime.host import NativeHost
+
+    torch.manual_seed(0)
+    layer = QKVParallelLinear(8, 4, 2, 1, host=NativeHost(), prefix="qkv")  # q 8, k 4, v 4 rows
+    tokens = _Tokens()
+    slots = LoraSlots(tokens, layer, slots=2, rank=4)
+    layer.lora = slots
+    a = {s: torch.randn(2, 8) for s in "qkv"}
+    b = {"q": torch.randn(8, 2), "k": torch.randn(4, 2), "v": torch.randn(4, 2)}
+    slots.write(1, 0, a["q"], b["q"], "q")
+    slots.write(1, 2, a["v"], b["v"], "v")
+    slots.write(0, 1, a["k"], b["k"], "k")
+    x = torch.randn(3, 8)
+    base = layer(x)
+    tokens.token_adapter = torch.tensor([1, 0, -1])
+    got = layer(x) - base
+    want = torch.zeros_like(got)
+    want[0, :8], want[0, 12:] = x[0] @ a["q"].t() @ b["q"].t(), x[0] @ a["v"].t() @ b["v"].t()
+    want[1, 8:12] = x[1] @ a["k"].t() @ b["k"].t()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    slots.clear(1)
+    want[0] = 0
+    torch.testing.assert_close(layer(x) - base, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(CheckpointError, match="rank 5"):
+        slots.write(0, 0, torch.randn(5, 8), torch.randn(8, 5), "q")

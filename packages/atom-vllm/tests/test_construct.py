@@ -21,6 +21,7 @@ from atom_core import catalog
 from atom_core.config import DecoderConfig, text_config
 from atom_core.layers.gdn import QWEN3_NEXT_CHECKPOINT
 from atom_core.tiny import tiny_config
+from atom_vllm import compat
 
 pytestmark = pytest.mark.construct
 
@@ -215,18 +216,16 @@ def test_bad_checkpoint_fails_with_atoms_message(every_architecture_built, tiny_
             assert r["error"].startswith(f"{model}/model.safetensors: "), f"{case}: {r['error']}"
 
 
-def test_enable_lora_refused_by_atoms_class_not_vllms(tiny_models, probe):
-    """vLLM with --enable-lora and ATOM's class: a one-line UnsupportedConfigError naming the architecture and the
-    switch that keeps vLLM's own class, raised when the class is built (before any weight is read), rather than
-    vLLM's "does not support LoRA yet" after loading (that ATOM_TAKE_OVER=none gives vLLM's own class is
-    test_plugin's).  vLLM 0.34 refuses first, when it builds its config (its message names the architecture and
-    SupportsLoRA)."""
+def test_enable_lora_with_atoms_class(tiny_models, probe):
+    """vLLM with --enable-lora builds ATOM's class where vLLM's LoRA internals were checked (vLLM's LoRA manager then
+    wraps its layers: test_lora); on any other release the class refuses, one line naming the release and the
+    switch that keeps vLLM's own class, before any weight is read."""
     model = tiny_models["Qwen3ForCausalLM"]
     (atom,) = probe("construct", [model], errors="yes", enable_lora="yes")
-    if atom.get("error_type", "").endswith("ValidationError"):
-        # vLLM 0.34 refuses itself, earlier, when it builds its config: the inspected class is not SupportsLoRA
-        assert "LoRA is not supported for Qwen3ForCausalLM" in atom["error"], atom
+    if compat.lora_internals_checked():
+        assert "error" not in atom, atom
         return
     assert atom.get("error_type") == "atom_core.errors.UnsupportedConfigError", atom
-    assert atom["error"].startswith("Qwen3ForCausalLM: vLLM's LoRA (--enable-lora) is not supported with ATOM's class")
+    assert atom["error"].startswith("Qwen3ForCausalLM: vLLM's LoRA (--enable-lora) with ATOM's class is checked on "
+                                    f"vLLM {', '.join(compat.LORA_INTERNALS_CHECKED)} only"), atom
     assert "ATOM_TAKE_OVER=none" in atom["error"] and "\n" not in atom["error"]

@@ -103,8 +103,8 @@ def test_capabilities_decide_what_is_served(monkeypatch):
                       "VisionHybridForConditionalGeneration"]
     assert "'pipeline-parallel' needs SupportsPP" in skipped["PipelinedForCausalLM"]
     assert "'teleportation' is unknown" in skipped["OddForCausalLM"]
-    none = {"is_text_generation_model": True, "supports_pp": False, "is_hybrid": False, "has_inner_state": False,
-            "supports_multimodal": False, "supports_mrope": False}
+    none = {"is_text_generation_model": True, "supports_lora": True, "supports_pp": False, "is_hybrid": False,
+            "has_inner_state": False, "supports_multimodal": False, "supports_mrope": False}
     assert capabilities.expected_flags(fake["DenseForCausalLM"]) == none
     assert capabilities.expected_flags(fake["HybridForCausalLM"]) == none | {"is_hybrid": True, "has_inner_state": True}
     assert capabilities.expected_flags(fake["VisionHybridForConditionalGeneration"]) == none | {

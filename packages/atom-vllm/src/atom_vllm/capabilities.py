@@ -31,8 +31,9 @@ INTERFACES = "vllm.model_executor.models.interfaces"
 EXTENSIONS: dict[str, Extension] = {
     TEXT: Extension(
         "the base wrapper (vLLM's VllmModelForTextGeneration): __init__(*, vllm_config, prefix), forward, "
-        "embed_input_ids, compute_logits, load_weights -> set[str], packed_modules_mapping",
-        flags=("is_text_generation_model",),
+        "embed_input_ids, compute_logits, load_weights -> set[str], packed_modules_mapping; SupportsLoRA (vLLM's "
+        "LoRA manager wraps ATOM's linear layers: atom_vllm.lora)",
+        bases=(f"{INTERFACES}:SupportsLoRA",), flags=("is_text_generation_model", "supports_lora"),
     ),
     SPARSE_ATTENTION: Extension(
         "VllmHost.attention(mla=LatentAttentionSpec(sparse=...)): the sparse step over vLLM's latent cache and the "

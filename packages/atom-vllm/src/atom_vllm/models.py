@@ -17,6 +17,7 @@ import torch
 from atom_core import catalog
 from atom_core.build import build_model
 from atom_core.errors import UnsupportedConfigError
+from atom_vllm import lora
 from atom_vllm.capabilities import missing, mixins, plan, vllm_bases
 from atom_vllm.compilation import compiles, support_torch_compile
 from atom_vllm.host import VllmHost
@@ -35,7 +36,7 @@ class VllmModelAdapter:
     packed_modules_mapping: ClassVar[dict[str, list[str]]]
 
     def __init__(self, *, vllm_config: Any, prefix: str = ""):
-        refuse_lora(vllm_config, self.atom_spec.name)
+        lora.prepare(vllm_config, self.atom_spec.name)
         hf_config = vllm_config.model_config.hf_config
         _, host = build_model(hf_config, lambda quant: VllmHost(vllm_config, quant=quant), into=self, prefix=prefix,
                               spec=self.atom_spec)
@@ -62,17 +63,6 @@ class VllmModelAdapter:
         """Consume vLLM's weight iterator with atom-core's loader: a checkpoint tensor the model does not use,
         or a parameter no tensor wrote, is an error naming them (vLLM then checks the returned set too)."""
         return self.atom_class.load_weights(self, weights, strict=True)
-
-
-def refuse_lora(vllm_config: Any, arch: str) -> None:
-    """vLLM's LoRA (``--enable-lora``) wraps vLLM's own linear layer classes, which ATOM's classes do not use: an
-    engine with LoRA on is refused before anything is built, rather than failing after the weights are loaded
-    (vLLM's "does not support LoRA yet") or serving requests without their adapters."""
-    if getattr(vllm_config, "lora_config", None) is not None:
-        raise UnsupportedConfigError(
-            f"{arch}: vLLM's LoRA (--enable-lora) is not supported with ATOM's class yet (vLLM's LoRA manager wraps "
-            f"vLLM's own linear layers only); set ATOM_TAKE_OVER=none, or leave {arch} out of it, to serve it with "
-            "vLLM's own class")
 
 
 # the draft architectures whose forward vLLM's MTP proposer unpacks as a pair (its ``model_returns_tuple``, every tested

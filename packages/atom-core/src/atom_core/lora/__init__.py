@@ -2,6 +2,6 @@
 per-token, many-adapters-per-batch delta those layers add (:mod:`.layers`)."""
 
 from atom_core.lora.adapter import LoraAdapter, load_adapter, parse_lora_option
-from atom_core.lora.layers import LoraSet, attach_adapters
+from atom_core.lora.layers import LoraSet, LoraSlots, attach_adapters
 
-__all__ = ["LoraAdapter", "LoraSet", "attach_adapters", "load_adapter", "parse_lora_option"]
+__all__ = ["LoraAdapter", "LoraSet", "LoraSlots", "attach_adapters", "load_adapter", "parse_lora_option"]

@@ -12,6 +12,10 @@ The delta is computed in float32 over any base weight format (the base layer's q
 and added in the output's dtype.  Under tensor parallelism a column-parallel layer keeps its rank's rows of B, a
 row-parallel layer its rank's columns of A: its partial delta joins the partial product before the all-reduce.
 
+:class:`LoraSlots` is the same delta for a host's adapter manager: ``slots`` fixed places of rank ``rank`` each,
+written and cleared one at a time as the host loads and evicts adapters, the per-token slot index read from the
+host (``-1``: none).
+
 Only :class:`~atom_core.layers.linear.LinearBase` layers take adapters; a target that maps elsewhere (MoE experts,
 a router, embeddings, the LM head) is refused with a message naming the module.
 """
@@ -71,6 +75,51 @@ class LoraDelta(nn.Module):
 
     def extra_repr(self) -> str:
         return f"rank_total={self.shrink.shape[0]}, adapters={self.column_adapter.unique().numel()}"
+
+
+class LoraSlots(LoraDelta):
+    """``slots`` adapter places of rank ``rank`` per output shard of ``layer``, zero until written: slot ``s``, shard
+    ``k`` owns columns ``[(s K + k) rank, + rank)`` of ``shrink``/``expand`` (``K`` the layer's shards), so one slot's
+    adapter may target any subset of a fused layer's shards.  ``tokens.token_adapter`` gives each token's slot."""
+
+    def __init__(self, tokens, layer: LinearBase, slots: int, rank: int):
+        shards = len(layer.out_partitions)
+        total = slots * shards * rank
+        device = next(layer.parameters()).device
+        shrink = torch.zeros(total, layer.input_source()[1], device=device)
+        expand = torch.zeros(sum(layer.out_partitions), total, device=device)
+        column_adapter = torch.arange(slots, device=device).repeat_interleave(shards * rank)
+        super().__init__(tokens, shrink, expand, column_adapter)
+        self.layer = [layer]  # a list keeps the layer (this module's parent) out of the module tree
+        self.rank = rank
+        self.rows = [0]
+        for size in layer.out_partitions:
+            self.rows.append(self.rows[-1] + size)
+
+    def _columns(self, slot: int, shard: int) -> slice:
+        start = (slot * len(self.layer[0].out_partitions) + shard) * self.rank
+        return slice(start, start + self.rank)
+
+    def write(self, slot: int, shard: int, a: torch.Tensor, b: torch.Tensor, where: str) -> None:
+        """Place the full-size ``a [r, in]`` and (scaled) ``b [out, r]`` of shard ``shard`` in ``slot`` (this rank's
+        part of them under tensor parallelism); the shard's previous contents are replaced."""
+        a, b = _rank_slices(self.layer[0], shard, a, b, where)
+        if a.shape[0] > self.rank or b.shape[1] != a.shape[0]:
+            raise CheckpointError(f"{where}: rank {a.shape[0]} (lora_B {tuple(b.shape)}) does not fit the "
+                                  f"{self.rank} of each slot")
+        cols = self._columns(slot, shard)
+        rank = a.shape[0]
+        self.shrink[cols] = 0
+        self.expand[:, cols] = 0
+        self.shrink[cols.start:cols.start + rank] = a.to(self.shrink)
+        self.expand[self.rows[shard]:self.rows[shard + 1], cols.start:cols.start + rank] = b.to(self.expand)
+
+    def clear(self, slot: int) -> None:
+        """Zero every shard of ``slot``: its tokens get the base output."""
+        for shard in range(len(self.layer[0].out_partitions)):
+            cols = self._columns(slot, shard)
+            self.shrink[cols] = 0
+            self.expand[:, cols] = 0
 
 
 def _target_layer(model: nn.Module, adapter: LoraAdapter, module: str) -> tuple[LinearBase, int]:
