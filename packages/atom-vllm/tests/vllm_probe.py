@@ -541,6 +541,16 @@ def speculative_config(num_draft_tokens: int, draft_dir: str | None) -> dict:
     return {"method": "mtp", "num_speculative_tokens": num_draft_tokens}
 
 
+def _spec_counters(llm) -> dict:
+    """vLLM's speculative-decoding counters, summed over their label sets (process-wide: they count every engine
+    this process ran, each under its own labels or not)."""
+    counts: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if "spec_decode_num" in m.name and hasattr(m, "value"):
+            counts[m.name] = counts.get(m.name, 0) + m.value
+    return counts
+
+
 def _linear_methods(model) -> dict[str, str]:
     """Module name -> quantization method class of each of ATOM's linear layers."""
     from atom_core.layers.linear import LinearBase
@@ -564,11 +574,11 @@ def _multimodal_prompt(prompt: list[int], images: dict | None):
 
 def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False,
              tensor_parallel_size: int = 1, attention_backend: str | None = None, images: list | None = None,
-             engine_process: str = "inproc", speculative: int = 0, draft_dir: str | None = None) -> list[dict]:
-    """Greedy tokens of each checkpoint; ``speculative`` > 0: that many draft tokens from the checkpoint's MTP
-    layers (``--speculative-config`` method ``mtp``) or from the EAGLE-3 checkpoint ``draft_dir``, the result then
-    has the draft's architecture, the class vLLM's registry names for it and vLLM's speculative-decoding counters
-    (drafts proposed, accepted); ``compiled``: with vLLM's torch.compile (its default), else eager;
+             engine_process: str = "inproc", speculative: list | None = None) -> list[dict]:
+    """Greedy tokens of each checkpoint; ``speculative``: per checkpoint, None or vLLM's ``--speculative-config``
+    for it (MTP layers of the checkpoint, or an EAGLE-3 draft checkpoint), the result then has the draft's
+    architecture, the class vLLM's registry names for it and vLLM's speculative-decoding counters over its own
+    requests (drafts proposed, accepted); ``compiled``: with vLLM's torch.compile (its default), else eager;
     ``tensor_parallel_size`` > 1: vLLM's tensor parallelism, one worker process per rank; ``attention_backend``:
     vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM` (a checkpoint whose engine refuses to start
     gives ``{"dir", "error_type", "error"}`` and the next one runs).  ``images``: per prompt, None or
@@ -595,15 +605,15 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
     from vllm import LLM, SamplingParams
 
     out = []
-    for spec in dirs:
+    for spec, speculative_config in zip(dirs, speculative or [None] * len(dirs), strict=True):
         model_dir, _, dtypes = spec.partition("@")
         dtype, _, ssm_dtype = dtypes.partition("@")
         dtype = dtype or "float32"
         cache = {"mamba_ssm_cache_dtype": ssm_dtype} if ssm_dtype else {}
         if attention_backend:
             cache["attention_backend"] = attention_backend
-        if speculative:
-            cache["speculative_config"] = speculative_config(speculative, draft_dir)
+        if speculative_config:
+            cache["speculative_config"] = speculative_config
             cache["disable_log_stats"] = False  # LLM.get_metrics reads the counters it would otherwise not keep
         start = time.perf_counter()
         try:
@@ -624,6 +634,7 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
                                 logprobs=1 if images else None)
         if images:
             llm.apply_model(record_multimodal)
+        counted = _spec_counters(llm) if speculative_config else {}  # the process's earlier engines' counts
         requests = [_multimodal_prompt(p, i) for p, i in zip(prompts, images or [None] * len(prompts), strict=True)]
         results = llm.generate(requests, params, use_tqdm=False)
         compiled_classes = llm.apply_model(compiled_class)
@@ -632,15 +643,14 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
                     "rank_classes": [".".join(c) for c in classes], "attention_layers": attention,
                     "tokens": [list(r.outputs[0].token_ids) for r in results],
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
-        if speculative:
+        if speculative_config:
             from vllm import ModelRegistry
 
             draft_config = llm.llm_engine.vllm_config.speculative_config.draft_model_config
             out[-1]["draft_arch"] = draft_config.architectures[0]
             entry = ModelRegistry.models.get(out[-1]["draft_arch"])
             out[-1]["draft_class"] = f"{getattr(entry, 'module_name', None)}:{getattr(entry, 'class_name', None)}"
-            out[-1]["spec_metrics"] = {m.name: m.value for m in llm.get_metrics()
-                                       if "spec_decode_num" in m.name and hasattr(m, "value")}
+            out[-1]["spec_metrics"] = {name: value - counted.get(name, 0) for name, value in _spec_counters(llm).items()}
         if images:
             out[-1]["prompt_token_ids"] = [list(r.prompt_token_ids) for r in results]
             out[-1]["logprobs"] = [[step[token].logprob for step, token in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
@@ -675,7 +685,7 @@ def main() -> None:
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--images", default=None)
     parser.add_argument("--engine-process", choices=["inproc", "spawn"], default="inproc")
-    parser.add_argument("--speculative", type=int, default=0)
+    parser.add_argument("--speculative", default=None, help="JSON: per checkpoint, null or its --speculative-config")
     parser.add_argument("--draft", default=None)
     args = parser.parse_args()
     if args.command == "resolve":
@@ -693,7 +703,7 @@ def main() -> None:
         result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes",
                           tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend,
                           images=json.loads(args.images) if args.images else None, engine_process=args.engine_process,
-                          speculative=args.speculative, draft_dir=args.draft)
+                          speculative=json.loads(args.speculative) if args.speculative else None)
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 
