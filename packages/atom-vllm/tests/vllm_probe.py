@@ -479,7 +479,7 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
         out.append({
             "dir": model_dir, "arch": model_config.architectures[0], "module": type(model).__module__,
             "qualname": type(model).__qualname__, "params": sorted(params), "returned": sorted(returned),
-            "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
+            "nan_params": sorted(n for n, p in params.items() if _still_unwritten(p)),
             "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
             "spot_checks": _spot_checks(params, _checkpoint(model_dir), model.mapper().rename), "state_contract": state_contract,
             "multimodal": multimodal, "attention_layers": attention_layers(model),
@@ -521,17 +521,28 @@ def draft(dirs: list[str], draft_dir: str | None = None) -> list[dict]:
             params = dict(model.named_parameters())
             with torch.no_grad():
                 for p in params.values():
-                    p.fill_(float("nan"))
+                    p.fill_(_unwritten(p))
             returned = model.load_weights(get_model_loader(vllm_config.load_config).get_all_weights(draft_config, model))
             process_weights_after_loading(model, draft_config, torch.device("cpu"))
         context = vllm_config.compilation_config.static_forward_context
         out.append({
             "dir": model_dir, "method": vllm_config.speculative_config.method, "arch": draft_config.architectures[0],
             "module": type(model).__module__, "qualname": type(model).__qualname__, "params": sorted(params),
-            "returned": sorted(returned), "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
+            "returned": sorted(returned), "nan_params": sorted(n for n, p in params.items() if _still_unwritten(p)),
             "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
         })
     return out
+
+
+def _unwritten(param) -> float | int:
+    """What a parameter is filled with before loading: NaN, or the smallest integer (EAGLE-3's ``d2t``)."""
+    import torch
+
+    return float("nan") if param.is_floating_point() else torch.iinfo(param.dtype).min
+
+
+def _still_unwritten(param) -> bool:
+    return bool(param.isnan().any() if param.is_floating_point() else (param == _unwritten(param)).any())
 
 
 def speculative_config(num_draft_tokens: int, draft_dir: str | None) -> dict:
