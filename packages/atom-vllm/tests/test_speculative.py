@@ -209,3 +209,24 @@ def test_draft_forward_returns_what_vllms_proposer_unpacks():
         _draft_forward("Qwen3NextMTP", (y, other))
     pair = _draft_forward("DeepSeekMTPModel", (y, other))
     assert pair[0] is y and pair[1] is other
+
+
+def test_eagle3_draft_with_a_repeated_aux_layer_is_refused():
+    """vLLM's runner records each auxiliary layer once, so a draft naming one twice would hand its ``fc`` two hidden
+    states for three: ATOM's draft refuses it under vLLM, naming the config field, before building anything."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    from atom_core.errors import UnsupportedConfigError
+    from atom_vllm import models
+
+    target = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128)
+    draft = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=128, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 1]})
+    vllm_config = SimpleNamespace(model_config=SimpleNamespace(hf_config=target),
+                                  speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(
+                                      hf_config=draft, model="draft-dir"), parallel_drafting=False))
+    with pytest.raises(UnsupportedConfigError, match=r"eagle_aux_hidden_state_layer_ids \[0, 1, 1\] repeats a layer"):
+        models.Eagle3LlamaForCausalLM(vllm_config=vllm_config)

@@ -18,6 +18,7 @@ vLLM's ``Eagle3LlamaForCausalLM`` (an ``isinstance`` answer only: none of vLLM's
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -26,9 +27,11 @@ import torch
 from atom_core import catalog
 from atom_core.build import build_model
 from atom_core.config import DecoderConfig
+from atom_core.config_checks import config_file
 from atom_core.errors import UnsupportedConfigError
 from atom_core.loader import Checkpoint
 from atom_core.models.llama import LlamaForCausalLM
+from atom_core.models.llama_eagle3 import aux_layer_ids
 from atom_vllm.host import VllmHost
 from atom_vllm.plugin import vllm_logger
 
@@ -99,6 +102,11 @@ class VllmEagle3DraftAdapter:
             raise UnsupportedConfigError(f"{self.atom_spec.name}: parallel drafting (P-EAGLE) is not supported with "
                                          "ATOM's EAGLE-3 draft")
         target = TargetShape(vllm_config.model_config.hf_config)
+        layers = aux_layer_ids(draft.hf_config, target)
+        if len(set(layers)) != len(layers):
+            raise UnsupportedConfigError(
+                f"{config_file(draft.hf_config)}: eagle_aux_hidden_state_layer_ids {list(layers)} repeats a layer: "
+                "vLLM's target returns each layer's hidden state once, so the draft's fc would get fewer")
         # the draft's attention layer is named after the target's last, as vLLM's own draft names it
         _, host = build_model(draft.hf_config, lambda quant: VllmHost(vllm_config, quant=quant), into=self,
                               prefix=prefix, spec=self.atom_spec, target=target,
@@ -133,8 +141,7 @@ class VllmEagle3DraftAdapter:
 
 
 def build_eagle3_draft_class(spec: catalog.DraftSpec) -> type:
-    import importlib
-
+    """The vLLM class of ATOM's EAGLE-3 draft ``spec``, registered as a virtual subclass of vLLM's own draft class."""
     atom_cls = spec.model_class()
     namespace = {
         "__module__": "atom_vllm.models", "__qualname__": spec.name,
