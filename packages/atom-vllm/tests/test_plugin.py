@@ -170,9 +170,11 @@ def test_atom_disable_switch(plugin_loading, monkeypatch):
 
 
 def registered_names() -> list[str]:
-    """The served architectures and the draft models of those among them that have one (atom_core.catalog.DRAFTS)."""
+    """The served architectures and the draft models of those among them that have one (atom_core.catalog.DRAFTS),
+    under each name a draft checkpoint's config may give (its aliases: EAGLE-3's ``LlamaForCausalLMEagle3``)."""
     served = served_architectures()
-    return [*served, *(d.name for d in catalog.DRAFTS.values() if any(t in served for t in d.targets))]
+    return [*served, *(name for d in catalog.DRAFTS.values() if any(t in served for t in d.targets)
+                       for name in (d.name, *d.aliases))]
 
 
 def test_register_is_idempotent(plugin_loading):

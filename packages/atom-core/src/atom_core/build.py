@@ -41,17 +41,18 @@ def plan_model(hf_config: Any, *, spec: catalog.ArchSpec | None = None, online: 
 
 
 def build_model(hf_config: Any, make_host: Callable[[QuantConfig | None], H], *, into: Any = None, prefix: str = "",
-                spec: catalog.ArchSpec | None = None, online: str | None = None) -> tuple[Any, H]:
+                spec: catalog.ArchSpec | None = None, online: str | None = None, **model_kwargs: Any) -> tuple[Any, H]:
     """Build ``hf_config``'s model over the host ``make_host(quant)`` returns; returns ``(model, host)``.
 
     ``into``: an instance of a subclass of the model class, not yet initialised (an adapter's wrapper), which is
-    initialised in place; otherwise a new instance of the model class is made."""
+    initialised in place; otherwise a new instance of the model class is made.  ``model_kwargs``: the model class's
+    own keyword arguments (an EAGLE-3 draft's ``target``)."""
     plan = plan_model(hf_config, spec=spec, online=online)
     host = make_host(plan.quant)
     if into is None:
-        return plan.model_class(hf_config, host, prefix), host
+        return plan.model_class(hf_config, host, prefix, **model_kwargs), host
     if not isinstance(into, plan.model_class):
         raise TypeError(f"{type(into).__name__} is not a {plan.model_class.__name__}: it cannot be built as "
                         f"{plan.spec.name}")
-    plan.model_class.__init__(into, hf_config, host, prefix)
+    plan.model_class.__init__(into, hf_config, host, prefix, **model_kwargs)
     return into, host

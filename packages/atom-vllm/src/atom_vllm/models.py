@@ -20,6 +20,7 @@ from atom_core.errors import UnsupportedConfigError
 from atom_vllm import lora
 from atom_vllm.capabilities import missing, mixins, plan, vllm_bases
 from atom_vllm.compilation import compiles, support_torch_compile
+from atom_vllm.eagle import EAGLE3, Eagle3Target, build_eagle3_draft_class, eagle3_targets
 from atom_vllm.host import VllmHost
 from atom_vllm.plugin import vllm_logger
 
@@ -116,6 +117,8 @@ class VllmDraftAdapter:
 
 
 def build_draft_class(spec: catalog.DraftSpec) -> type:
+    if spec.method == EAGLE3:
+        return build_eagle3_draft_class(spec)
     atom_cls = spec.model_class()
     namespace = {
         "__module__": __name__, "__qualname__": spec.name, "__doc__": f"ATOM's {spec.name} draft ({spec.model}) inside vLLM.",
@@ -138,8 +141,15 @@ def build_class(spec: catalog.ArchSpec) -> type:
         "atom_class": atom_cls,
         "packed_modules_mapping": dict(atom_cls.weight_mapper.packed_modules_mapping),
     }
-    cls = type(spec.name, (*mixins(spec), VllmModelAdapter, *vllm_bases(spec), atom_cls), namespace)
+    eagle = ((Eagle3Target,), (_supports_eagle3(),)) if spec.name in eagle3_targets() else ((), ())
+    cls = type(spec.name, (*mixins(spec), *eagle[0], VllmModelAdapter, *vllm_bases(spec), *eagle[1], atom_cls), namespace)
     return support_torch_compile(cls) if compiles(spec) else cls
+
+
+def _supports_eagle3() -> type:
+    from vllm.model_executor.models.interfaces import SupportsEagle3
+
+    return SupportsEagle3
 
 
 _classes: dict[str, type] = {}
@@ -150,10 +160,11 @@ def __getattr__(name: str) -> type:
         if name not in _classes:
             _classes[name] = build_class(catalog.ARCHITECTURES[name])
         return _classes[name]
-    if name in catalog.DRAFTS:
-        if name not in _classes:
-            _classes[name] = build_draft_class(catalog.DRAFTS[name])
-        return _classes[name]
+    draft = next((d for d in catalog.DRAFTS.values() if name in (d.name, *d.aliases)), None)
+    if draft is not None:
+        if draft.name not in _classes:
+            _classes[draft.name] = build_draft_class(draft)
+        return _classes[draft.name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -84,9 +84,10 @@ def register() -> dict[str, str]:
     # a target's draft model (speculative decoding) is ATOM's where the target is: never ATOM's draft beside vLLM's target
     for draft in catalog.DRAFTS.values():
         if any(target in registered for target in draft.targets):
-            target = f"{MODELS_MODULE}:{draft.name}"
-            ModelRegistry.register_model(draft.name, target)
-            registered[draft.name] = target
+            for name in (draft.name, *draft.aliases):  # the names a draft checkpoint's config.json may give
+                target = f"{MODELS_MODULE}:{name}"
+                ModelRegistry.register_model(name, target)
+                registered[name] = target
     for arch, reason in skipped.items():
         logger.warning("ATOM does not serve %s under vLLM yet (%s); vLLM's own implementation is used", arch, reason)
     for line in takeover.summary("vllm", platform, decisions):

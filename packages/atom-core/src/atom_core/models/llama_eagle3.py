@@ -91,13 +91,14 @@ class Eagle3DecoderLayer(nn.Module):
 
 class Eagle3Model(nn.Module):
     def __init__(self, cfg: DecoderConfig, options: AttentionOptions, *, fc_in: int, norm_before_residual: bool,
-                 host: Host, prefix: str):
+                 host: Host, prefix: str, layer_name_index: int = 0):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, host=host)
         self.fc = ReplicatedLinear(fc_in, cfg.hidden_size, bias=False, host=host, prefix=f"{prefix}.fc")
-        # layer 0 of the draft's own config (its sliding window); the host caches its K/V beside the target's layers
+        # layer 0 of the draft's own config (its sliding window); the host caches its K/V beside the target's layers,
+        # under the name layers.<layer_name_index> (a host that names caches by layer gives the target's layer count)
         self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg, options, 0, norm_before_residual=norm_before_residual,
-                                                        host=host, prefix=f"{prefix}.layers.0")])
+                                                        host=host, prefix=f"{prefix}.layers.{layer_name_index}")])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -109,12 +110,13 @@ class Eagle3LlamaForCausalLM(CausalLM):
     and the ones the next draft step takes as ``previous_hidden``.  At step 0 ``previous_hidden`` is the target's
     auxiliary hidden states concatenated (``[T, 3 * target_hidden_size]``), projected by ``fc``.
     ``checkpoint_names``: the draft checkpoint's tensor names (it may omit ``embed_tokens``, then the target's is
-    used, and ``d2t`` when its vocabulary is the target's)."""
+    used, and ``d2t`` when its vocabulary is the target's).  ``layer_name_index``: the layer index in the names of
+    the draft layer's host modules (its attention cache); its parameters stay ``model.layers.0.*``."""
 
     weight_mapper = EAGLE3_MAPPER
 
     def __init__(self, hf_config: Any, host: Host, prefix: str = "", *, target: Any = None,
-                 checkpoint_names: Iterable[str] = ()):
+                 checkpoint_names: Iterable[str] = (), layer_name_index: int = 0):
         where = config_file(hf_config)
         if target is None:  # a host adapter that builds drafts without their target
             raise UnsupportedConfigError(f"{where}: an EAGLE-3 draft is built over its target model (the native "
@@ -145,7 +147,7 @@ class Eagle3LlamaForCausalLM(CausalLM):
                                   f"{cfg.vocab_size} and the checkpoint has no d2t (draft -> target token offsets)")
         bias = bool(getattr(hf_config, "attention_bias", False))
         self.model = Eagle3Model(cfg, AttentionOptions(qkv_bias=bias, o_bias=bias), fc_in=NUM_AUX_LAYERS * target_hidden,
-                                 host=host, prefix=_join(prefix, "model"),
+                                 host=host, prefix=_join(prefix, "model"), layer_name_index=layer_name_index,
                                  norm_before_residual=bool(getattr(hf_config, "norm_before_residual", False)))
         if not self.has_embedding:
             self.model.embed_tokens = target.model.embed_tokens  # shared, loaded with the target
