@@ -133,14 +133,17 @@ class SGLangCPUBatch:
                                  linear_attn_backends=LINEAR_ATTN_BACKENDS.get()(), model_config=None)
         return HybridLinearAttnBackend(self.backend, GDNAttnBackend(runner), full_layers)
 
-    def step(self, new_tokens: dict[int, list[int]], *, graph_bs: int | None = None) -> torch.Tensor:
+    def step(self, new_tokens: dict[int, list[int]], *, graph_bs: int | None = None, run=None) -> torch.Tensor:
         """Run the model over the new tokens of some requests (``{request: tokens}``, in request order);
         the next-token logits of each of them, in that order.
 
         ``graph_bs`` (decode steps): the batch as SGLang's decode CUDA-graph runner lays it out for a graph of that
         many requests (padding requests on row 0 with the backend's fill length, writing to the padding slot), its
         metadata prepared by the backend's capture / replay hook (the first such step captures) instead of the
-        eager one.  No graph is captured on the CPU: this checks the hooks' static buffers, not CUDA."""
+        eager one.  No graph is captured on the CPU: this checks the hooks' static buffers, not CUDA.
+
+        ``run(model, ids, positions, batch)``: how the step calls the model (default: its forward, as the ModelRunner
+        does eagerly)."""
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -188,6 +191,6 @@ class SGLangCPUBatch:
                     self.backend.init_cuda_graph_state(max(self.num_requests, graph_bs), graph_bs)
                 self.backend.init_forward_metadata_out_graph(batch, in_capture=graph_bs not in self.graph_sizes)
                 self.graph_sizes.add(graph_bs)
-            out = self.model.forward(ids, positions, batch)
+            out = self.model.forward(ids, positions, batch) if run is None else run(self.model, ids, positions, batch)
         self.last_batch = batch
         return out.next_token_logits[: len(reqs)]

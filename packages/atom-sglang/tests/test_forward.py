@@ -66,14 +66,15 @@ def test_prefill_and_decode_match_transformers(arch, cpu_runtime, tiny_checkpoin
             assert not ssm[0].any() and all(ssm[slot].any() for slot in batch.mamba_slots)
 
 
-def check_against_transformers(arch: str, path: str, model, **batch_options) -> SGLangCPUBatch:
+def check_against_transformers(arch: str, path: str, model, prefill_run=None, **batch_options) -> SGLangCPUBatch:
     """Chunked prefill of :data:`PROMPTS`, then greedy decode, through SGLang's CPU forward path: next-token
     logits within :data:`ATOL` of transformers at every step and the same tokens.  The batch is returned.
-    ``batch_options``: :class:`SGLangCPUBatch`'s (attention backend, page size)."""
+    ``prefill_run``: how the prefill steps call the model (SGLangCPUBatch.step's ``run``); ``batch_options``:
+    :class:`SGLangCPUBatch`'s (attention backend, page size)."""
     ref_tokens, ref_logits = reference(arch, path)
     batch = SGLangCPUBatch(model, len(PROMPTS), **batch_options)
-    first = batch.step({0: PROMPTS[0], 1: PROMPTS[1], 2: PROMPTS[2][:FIRST_CHUNK]})
-    rest = batch.step({2: PROMPTS[2][FIRST_CHUNK:]})  # extend_prefix_lens > 0
+    first = batch.step({0: PROMPTS[0], 1: PROMPTS[1], 2: PROMPTS[2][:FIRST_CHUNK]}, run=prefill_run)
+    rest = batch.step({2: PROMPTS[2][FIRST_CHUNK:]}, run=prefill_run)  # extend_prefix_lens > 0
     logits = torch.stack([first[0], first[1], rest[0]])
     generated: list[list[int]] = [[] for _ in PROMPTS]
     for step in range(NEW_TOKENS):
@@ -88,6 +89,34 @@ def check_against_transformers(arch: str, path: str, model, **batch_options) -> 
     assert generated == ref_tokens
     assert model.atom_host.forward_batch is None, "the ForwardBatch must not outlive the forward"
     return batch
+
+
+def prefill_graph_runner(model, ids, positions, batch):
+    """SGLang's prefill CUDA-graph runner (breakable / full backends, on by default on CUDA) on one prefill step: the
+    body it resolves, called alone (the capture: its hidden states stand for the graph's output), then the wrapper's
+    forward with that output in place of the body's forward (the replay, the logits tail eager around it)."""
+    from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import _resolve_transformer_layer_model
+
+    body = _resolve_transformer_layer_model(model)
+    captured = body.forward(ids, positions, batch, batch.input_embeds)
+    replays = []
+    original = body.forward
+    body.forward = lambda *args, **kwargs: replays.append(args) or captured
+    try:
+        out = model.forward(ids, positions, batch)
+    finally:
+        body.forward = original
+    assert len(replays) == 1, "the wrapper's forward must reach the body through its forward attribute"
+    return out
+
+
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen3NextForCausalLM", "DeepseekV3ForCausalLM"])
+@torch.inference_mode()
+def test_prefill_graph_runner_calls_the_body(arch, cpu_runtime, tiny_checkpoints):
+    """Prefill as SGLang's prefill CUDA graphs run it (the body called by SGLang with its batch, then replayed inside
+    the wrapper's forward), decode as before: transformers' logits and tokens."""
+    model = load_with_sglang(checkpoint_or_skip(arch, tiny_checkpoints))
+    check_against_transformers(arch, checkpoint_or_skip(arch, tiny_checkpoints), model, prefill_run=prefill_graph_runner)
 
 
 class RecordingLM(CausalLM):

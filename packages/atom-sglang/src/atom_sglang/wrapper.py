@@ -36,6 +36,7 @@ from atom_core.versions import check_requirements
 from atom_sglang import capabilities, compat
 from atom_sglang.host import SGLangHost
 from atom_sglang.linear_attention import check_state_plan
+from atom_sglang.prefill_graph import install_body_forward
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class SGLangCausalLM(nn.Module):
         _, host = build_model(config, lambda quant: SGLangHost(quant=quant), into=self, prefix=prefix,
                               spec=self.atom_spec)
         self.atom_host = host
+        install_body_forward(self, host)  # SGLang's prefill CUDA graphs call the body themselves
         # the checkpoint SGLang reads (its config comes from there): names a file its reader cannot open
         self.checkpoint_dir = getattr(config, "_name_or_path", None) or None
         if host.linear_attention_states:  # hybrid: SGLang must plan its state pool for exactly these layers

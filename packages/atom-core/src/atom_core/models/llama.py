@@ -184,7 +184,7 @@ class LlamaForCausalLM(CausalLM):
             self.lm_head.tie_to(self.model.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None):
-        return self.model(input_ids, positions, inputs_embeds)
+        return self.model(input_ids, positions, inputs_embeds=inputs_embeds)
 
     def mapper(self) -> WeightMapper:
         return TIED_DENSE_MAPPER if self.decoder_config.tie_word_embeddings else DENSE_MAPPER

@@ -155,7 +155,7 @@ class Qwen3NextForCausalLM(CausalLM):
             self.lm_head.tie_to(self.model.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None):
-        return self.model(input_ids, positions, inputs_embeds)
+        return self.model(input_ids, positions, inputs_embeds=inputs_embeds)
 
     def mapper(self):
         if self.decoder_config.tie_word_embeddings:
