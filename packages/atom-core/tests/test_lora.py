@@ -294,6 +294,7 @@ def test_slots_write_clear_and_per_token_index():
 
     torch.manual_seed(0)
     layer = QKVParallelLinear(8, 4, 2, 1, host=NativeHost(), prefix="qkv")  # q 8, k 4, v 4 rows
+    layer.weight.data.normal_()  # built empty (the loader writes it): garbage would drown the delta in the difference
     tokens = _Tokens()
     slots = LoraSlots(tokens, layer, slots=2, rank=4)
     layer.lora = slots
