@@ -2,7 +2,8 @@
 
 Two peft adapters of a tiny Qwen3 (random A *and* B: peft starts B at zero) and a prompt without one, in one
 ``sglang.Engine.generate`` batch (scheduler, ModelRunner, SGLang's LoRA manager, memory pool and torch-native LoRA
-backend): each prompt's greedy tokens equal transformers + peft with its adapter (the third the base model).
+backend): each prompt's greedy tokens equal transformers + peft with its adapter (the third the base model); then
+a third adapter in a second batch, which SGLang loads into an evicted slot.
 
 Two things of SGLang 0.5.23 do not run on this GPU-less machine, whatever the model class:
 - its torch-native LoRA backend pins its per-batch host tensors (``Tensor.pin_memory()``, ``pin_memory=True``),
@@ -42,18 +43,19 @@ ENGINE = """
 import json
 import sglang
 
-path, adapters, prompts, new_tokens = json.loads(%r)
+path, adapters, batches, new_tokens = json.loads(%r)
 engine = sglang.Engine(model_path=path, device="cpu", dtype="float32", attention_backend="torch_native",
                        sampling_backend="pytorch", skip_tokenizer_init=True, disable_cuda_graph=True,
                        max_total_tokens=1024, random_seed=0, log_level="error", enable_lora=True,
                        lora_backend="torch_native", max_loras_per_batch=3,
                        lora_paths=[f"{name}={adapter}" for name, adapter in adapters.items()])
 try:
-    outputs = engine.generate(input_ids=prompts, lora_path=list(adapters) + [None],
-                              sampling_params={"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True})
+    outputs = [engine.generate(input_ids=prompts, lora_path=names,
+                               sampling_params={"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True})
+               for prompts, names in batches]
 finally:
     engine.shutdown()
-print(json.dumps([out["output_ids"] for out in outputs]))
+print(json.dumps([[out["output_ids"] for out in batch] for batch in outputs]))
 """
 
 
@@ -90,6 +92,8 @@ def peft_greedy(model_dir: str, adapter: str | None, prompt: list[int]) -> list[
 
 
 def test_engine_two_adapters_and_none_in_one_batch(tiny_checkpoints, tmp_path):
+    """Then a second batch with a third adapter: SGLang evicts the least recently used one from its three slots
+    (two adapters and the no-adapter slot) and loads the third there, at another rank."""
     if not compat.lora_internals_checked():
         pytest.skip(f"SGLang {compat.installed_version()}: ATOM's class refuses LoRA (test_lora_refused_elsewhere)")
     model_dir = tiny_checkpoints[ARCH]
@@ -97,13 +101,19 @@ def test_engine_two_adapters_and_none_in_one_batch(tiny_checkpoints, tmp_path):
     adapters = {
         "first": make_adapter(model_dir, tmp_path / "first", DENSE, seed=1, r=4, alpha=8),
         "second": make_adapter(model_dir, tmp_path / "second", ATTENTION, seed=2, r=8, alpha=16),
+        "third": make_adapter(model_dir, tmp_path / "third", DENSE, seed=3, r=2, alpha=4),
     }
+    batches = [(PROMPTS, ["first", "second", None]), (PROMPTS[:2], ["third", None])]
     pythonpath = os.pathsep.join(p for p in (str(NO_PINNING), os.environ.get("PYTHONPATH")) if p)
-    got = run_fresh(ENGINE % json.dumps([model_dir, adapters, PROMPTS, NEW_TOKENS]), env={"PYTHONPATH": pythonpath})
-    want = [peft_greedy(model_dir, adapter, prompt) for adapter, prompt in zip([*adapters.values(), None], PROMPTS)]
+    got = run_fresh(ENGINE % json.dumps([model_dir, adapters, batches, NEW_TOKENS]), env={"PYTHONPATH": pythonpath})
+    want = [
+        [peft_greedy(model_dir, adapters[name] if name else None, prompt) for prompt, name in zip(prompts, names)]
+        for prompts, names in batches
+    ]
     # the adapters change the tokens (else a layer ignoring them would pass)
-    assert want[0] != peft_greedy(model_dir, None, PROMPTS[0])
-    assert want[1] != peft_greedy(model_dir, None, PROMPTS[1])
+    assert want[0][0] != peft_greedy(model_dir, None, PROMPTS[0])
+    assert want[0][1] != peft_greedy(model_dir, None, PROMPTS[1])
+    assert want[1][0] not in (peft_greedy(model_dir, None, PROMPTS[0]), want[0][0])
     assert got == want
 
 
