@@ -33,7 +33,7 @@ from atom_core.config import text_config
 from atom_core.env import env_take_over
 from atom_core.errors import UnsupportedConfigError
 from atom_core.versions import check_requirements
-from atom_sglang import capabilities, compat
+from atom_sglang import capabilities, compat, lora
 from atom_sglang.host import SGLangHost
 from atom_sglang.linear_attention import check_state_plan
 from atom_sglang.prefill_graph import install_body_forward
@@ -56,11 +56,7 @@ class SGLangCausalLM(nn.Module):
         reason = compat.unsupported_parallelism()
         if reason is not None:
             raise UnsupportedConfigError(f"{name}: {reason}")
-        if compat.lora_enabled():  # else SGLang's LoRA manager fails after loading: it wraps SGLang's layer types only
-            raise UnsupportedConfigError(
-                f"{name}: SGLang's LoRA (--enable-lora / --lora-paths) is not supported with ATOM's class yet "
-                "(SGLang's LoRA manager wraps SGLang's own linear layers only); set ATOM_TAKE_OVER=none, or leave "
-                f"{name} out of it, to serve it with SGLang's own class")
+        lora.prepare(name)  # with LoRA on: SGLang's manager wraps ATOM's linear layers (or a one-line refusal)
         # SGLang's quant_config configures SGLang's layers; ATOM's layers read the checkpoint's
         # quantization_config with ATOM's own schemes.
         _, host = build_model(config, lambda quant: SGLangHost(quant=quant), into=self, prefix=prefix,
@@ -106,6 +102,10 @@ class SGLangCausalLM(nn.Module):
     def atom_forward(self, input_ids, positions, inputs_embeds=None, **kwargs):
         """The ATOM model's own ``forward`` (this class's ``forward`` is SGLang's)."""
         return super().forward(input_ids, positions, inputs_embeds, **kwargs)
+
+    def get_hidden_dim(self, module_name: str, layer_idx: int) -> tuple[int, int]:
+        """SGLang's LoRA pool: input and output size of the linear layer a target names (``lora.hidden_dims``)."""
+        return lora.hidden_dims(self, module_name, layer_idx)
 
     # ------------------------------------------------------------------------------------- weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
