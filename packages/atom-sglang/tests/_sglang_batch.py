@@ -59,7 +59,7 @@ LINEAR_ATTN_BACKENDS: ByRelease = ByRelease("the ModelRunner's linear-attention 
 
 class SGLangCPUBatch:
     def __init__(self, model, num_requests: int, dtype: torch.dtype = torch.float32, *, backend: str = "torch_native",
-                 page_size: int = 1):
+                 page_size: int = 1, latent: tuple[int, int] | None = None):
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
         assert MAX_CONTEXT % page_size == 0
@@ -73,7 +73,10 @@ class SGLangCPUBatch:
                   head_dim=layers[0].head_dim, device="cpu", enable_memory_saver=False)
         host = getattr(model, "atom_host", None)  # None: one of SGLang's own classes
         self.hybrid = bool(host and host.linear_attention_states)
-        latent = [m for m in host.attention_layers if isinstance(m, SGLangLatentAttention)] if host else []
+        if host is not None:
+            latent = [(m.kv_lora_rank, m.rope_dim) for m in host.attention_layers if isinstance(m, SGLangLatentAttention)]
+        else:  # one of SGLang's own classes: (kv_lora_rank, qk_rope_head_dim) of its latent attention, if it has one
+            latent = [latent] if latent is not None else []
         if self.hybrid:
             self._hybrid_pools(model, kv, [m.layer_id for m in layers])
         elif latent:  # what SGLang's ModelRunner builds for an MLA architecture: one latent row per token
@@ -82,8 +85,8 @@ class SGLangCPUBatch:
             self.req_pool = ReqToTokenPool(size=num_requests, max_context_len=MAX_CONTEXT, device="cpu",
                                            enable_memory_saver=False)
             self.kv_pool = MLATokenToKVPool(
-                size=kv["size"], page_size=page_size, dtype=dtype, kv_lora_rank=latent[0].kv_lora_rank,
-                qk_rope_head_dim=latent[0].rope_dim, layer_num=len(layers), device="cpu", enable_memory_saver=False,
+                size=kv["size"], page_size=page_size, dtype=dtype, kv_lora_rank=latent[0][0],
+                qk_rope_head_dim=latent[0][1], layer_num=len(layers), device="cpu", enable_memory_saver=False,
             )
         else:
             from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -130,7 +131,7 @@ def sglangs_own(cls_path: str, path: str, monkeypatch):
     # SGLang's rotary embedding takes a CUDA kernel on any platform it does not know as a CPU one, and knows the CPU
     # only under SGLANG_USE_CPU_ENGINE=1 (read at import): its own torch path for this construction
     monkeypatch.setattr(rope, "_is_cpu", True)
-    config = ModelConfig(model_path=path, dtype="float32", is_draft_model="Eagle3" in name).hf_config
+    config = ModelConfig(model_path=path, dtype="float32", is_draft_model="Eagle3" in name or "NextN" in name).hf_config
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)
     try:
@@ -139,6 +140,29 @@ def sglangs_own(cls_path: str, path: str, monkeypatch):
         torch.set_default_dtype(previous)
     model.load_weights(iter(tensors(path).items()))
     return model.eval()
+
+
+PROMPTS = {0: [5, 9, 2, 31, 7], 1: [3, 8, 40]}
+
+
+def assert_drafts_agree(atom, own, first_hidden: torch.Tensor, *, own_latent: tuple[int, int] | None = None) -> None:
+    """ATOM's draft and SGLang's own over the same steps: an extend of PROMPTS with ``first_hidden`` (the target's
+    hidden states, one row per token), then two decode steps on each draft's own hidden states (the last row of each
+    request), as SGLang's EAGLE worker chains them.  Logits and the hidden states each hands the next step agree."""
+    batches = {"atom": SGLangCPUBatch(atom, 2), "own": SGLangCPUBatch(own, 2, latent=own_latent)}
+    last_rows = [len(PROMPTS[0]) - 1, len(PROMPTS[0]) + len(PROMPTS[1]) - 1]
+    out = {}
+    for name, batch in batches.items():
+        hidden = first_hidden
+        out[name] = []
+        for step, tokens in enumerate((PROMPTS, {0: [11], 1: [12]}, {0: [13], 1: [14]})):
+            logits = batch.step(tokens, spec_hidden=hidden)
+            hidden = batch.last_output.hidden_states
+            out[name].append((logits, hidden))
+            hidden = hidden[last_rows] if step == 0 else hidden
+    for (a_logits, a_hidden), (o_logits, o_hidden) in zip(out["atom"], out["own"], strict=True):
+        torch.testing.assert_close(a_logits, o_logits, rtol=TOL, atol=TOL)
+        torch.testing.assert_close(a_hidden, o_hidden, rtol=TOL, atol=TOL)
 
 
 def test_eagle3_draft_forward_matches_sglangs_own(cpu_runtime, eagle3, target_is, monkeypatch):
@@ -151,25 +175,10 @@ def test_eagle3_draft_forward_matches_sglangs_own(cpu_runtime, eagle3, target_is
     embed = tensors(target)["model.embed_tokens.weight"]
     for model in (atom, own):  # what SGLang's EAGLE worker does for an EAGLE-3 draft: the target's embedding
         model.set_embed(torch.nn.Parameter(embed.clone(), requires_grad=False))
-    gen = torch.Generator().manual_seed(0)
     hidden = json.loads((Path(draft) / "config.json").read_text())["hidden_size"]
-    prompts = {0: [5, 9, 2, 31, 7], 1: [3, 8, 40]}
-    aux = {r: torch.randn(len(t), 3 * hidden, generator=gen) for r, t in prompts.items()}
-    batches = {name: SGLangCPUBatch(model, 2) for name, model in (("atom", atom), ("own", own))}
-    out = {}
-    for name, batch in batches.items():  # draft extend: the target's captured layers, fc applied
-        logits = batch.step(prompts, spec_hidden=torch.cat([aux[0], aux[1]]))
-        out[name] = [(logits, batch.last_output.hidden_states)]
-    for step in range(2):  # draft decode steps: the draft's own hidden states, no fc
-        for name, batch in batches.items():
-            previous = out[name][-1][1]
-            last = previous[[4, 7]] if step == 0 else previous
-            logits = batch.step({0: [11 + step], 1: [12 + step]}, spec_hidden=last)
-            out[name].append((logits, batch.last_output.hidden_states))
-    for (a_logits, a_hidden), (o_logits, o_hidden) in zip(out["atom"], out["own"]):
-        assert a_logits.shape[-1] == 128  # over the draft vocabulary; SGLang maps it by hot_token_id
-        torch.testing.assert_close(a_logits, o_logits, rtol=TOL, atol=TOL)
-        torch.testing.assert_close(a_hidden, o_hidden, rtol=TOL, atol=TOL)
+    aux = torch.randn(8, 3 * hidden, generator=torch.Generator().manual_seed(0))  # three target layers, concatenated
+    assert atom.logits_processor.config.vocab_size == 128  # over the draft vocabulary; SGLang maps it by hot_token_id
+    assert_drafts_agree(atom, own, aux)
 
 
 @pytest.mark.parametrize("layer_ids", [None, [0, 1, 2]])
@@ -181,11 +190,10 @@ def test_eagle3_target_captures_sglangs_layers(layer_ids, cpu_runtime, eagle3, m
     for model in (atom, own):
         model.set_eagle3_layers_to_capture(layer_ids)
         assert model.capture_aux_hidden_states
-    prompts = {0: [5, 9, 2, 31, 7], 1: [3, 8, 40]}
     results = []
     for model in (atom, own):
         batch = SGLangCPUBatch(model, 2)
-        logits = batch.step(prompts, capture=True)
+        logits = batch.step(PROMPTS, capture=True)
         results.append((logits, batch.last_output.hidden_states))
     (a_logits, a_aux), (o_logits, o_aux) = results
     hidden = atom.decoder_config.hidden_size
@@ -202,8 +210,6 @@ def test_eagle3_target_refuses_layers_past_its_last(cpu_runtime, eagle3):
 
 def test_sglang_refuses_drafting_with_the_torch_native_backend(cpu_runtime):
     """Why nothing above runs through SGLang's Engine on the CPU: its EAGLE worker's draft backends."""
-    from types import SimpleNamespace
-
     from _sglang_env import HARNESS
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
@@ -214,3 +220,49 @@ def test_sglang_refuses_drafting_with_the_torch_native_backend(cpu_runtime):
     factory = DraftBackendFactory(runner, topk=1, speculative_num_steps=1)
     with pytest.raises(ValueError, match="EAGLE is not supported in attention backend torch_native"):
         factory.create_draft_extend_backend()
+
+
+def share_target_weights(atom, own, path: str) -> None:
+    """What SGLang's EAGLE worker does for an MTP draft: the target's embedding and head in the draft (SGLang's own
+    set_embed_and_head also empties the CUDA cache: its two assignments here)."""
+    ckpt = tensors(path)
+
+    def target_weights():
+        names = ("model.embed_tokens.weight", "lm_head.weight")
+        return (torch.nn.Parameter(ckpt[n].clone(), requires_grad=False) for n in names)
+
+    atom.set_embed_and_head(*target_weights())
+    del own.model.embed_tokens.weight, own.lm_head.weight
+    own.model.embed_tokens.weight, own.lm_head.weight = target_weights()
+
+
+def test_deepseek_mtp_draft_forward_matches_sglangs_own(cpu_runtime, mtp_checkpoints, monkeypatch):
+    """The MTP draft over the target's hidden states (a prompt, then two draft steps on its own hidden states)."""
+    path = mtp_checkpoints["DeepseekV3ForCausalLMNextN"]
+    atom = load_draft(path)
+    own = sglangs_own("sglang.srt.models.deepseek_nextn:DeepseekV3ForCausalLMNextN", path, monkeypatch)
+    # SGLang's own class picks the expanded (MHA) form for a prompt without prefix, which its torch-native backend
+    # cannot run over the latent pool on the CPU; its absorbed form (what ATOM's runs, the same math) is its choice under
+    # deterministic inference
+    import sglang.srt.models.deepseek_common.attention_backend_handler as handler
+
+    deterministic = SimpleNamespace(deterministic=SimpleNamespace(enable_deterministic_inference=True))
+    monkeypatch.setattr(handler, "get_exec", lambda: deterministic)
+    share_target_weights(atom, own, path)
+    config = json.loads((Path(path) / "config.json").read_text())
+    latent = (config["kv_lora_rank"], config["qk_rope_head_dim"])
+    target_hidden = torch.randn(8, config["hidden_size"], generator=torch.Generator().manual_seed(0))
+    assert_drafts_agree(atom, own, target_hidden, own_latent=latent)
+
+
+def test_qwen3_next_mtp_draft_forward_matches_sglangs_own(cpu_runtime, mtp_checkpoints, monkeypatch):
+    path = mtp_checkpoints["Qwen3NextForCausalLMMTP"]
+    atom = load_draft(path)
+    own = sglangs_own("sglang.srt.models.qwen3_next_mtp:Qwen3NextForCausalLMMTP", path, monkeypatch)
+    # SGLang's MoE block fuses its shared-expert gate in a Triton kernel except on NPUs: its unfused torch path here
+    import sglang.srt.models.qwen2_moe as qwen2_moe
+
+    monkeypatch.setattr(qwen2_moe, "is_npu", lambda: True)
+    share_target_weights(atom, own, path)
+    hidden = json.loads((Path(path) / "config.json").read_text())["hidden_size"]
+    assert_drafts_agree(atom, own, torch.randn(8, hidden, generator=torch.Generator().manual_seed(0)))

@@ -137,6 +137,7 @@ class SGLangDraft(nn.Module):
                     "MTP layer at every step, so ATOM drafts only from a checkpoint with exactly one"
                 )
             layer_offset = text.num_hidden_layers  # the draft's KV pool holds the MTP layer as its layer 0
+            self.zero_first_embedding = False  # SGLang's MTP layer reads the embedding at position 0 as it is
         _, host = build_model(
             config,
             lambda quant: SGLangHost(quant=quant, layer_offset=layer_offset),
