@@ -106,6 +106,17 @@ def test_mtp_draft_builds_and_loads_through_sglangs_loader(arch, cpu_runtime, mt
     assert [a.attn.layer_id for a in model.atom_host.attention_layers] == [0]
 
 
+def test_prefill_graph_capture_of_a_draft_body_is_refused(cpu_runtime, mtp_checkpoints, eagle3, target_is):
+    """SGLang's breakable / full prefill CUDA graphs call a draft's body (``model.model.forward``) alone."""
+    from atom_sglang.prefill_graph import layer_model
+
+    target_is(eagle3[0])
+    for path in (mtp_checkpoints["DeepseekV3ForCausalLMNextN"], eagle3[1]):
+        body = layer_model(load_draft(path))
+        with pytest.raises(UnsupportedConfigError, match="--cuda-graph-backend-prefill disabled"):
+            body.forward(torch.tensor([1]), torch.tensor([0]), None)
+
+
 def test_deepseek_draft_with_two_mtp_layers_is_refused(cpu_runtime, mtp_checkpoints, tmp_path):
     import shutil
 

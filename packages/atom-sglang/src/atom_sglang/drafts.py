@@ -40,6 +40,7 @@ from atom_core.models.llama import LlamaForCausalLM
 from atom_core.versions import check_requirements
 from atom_sglang import compat
 from atom_sglang.host import SGLangHost
+from atom_sglang.prefill_graph import layer_model
 
 EAGLE3 = "eagle3"
 
@@ -147,6 +148,7 @@ class SGLangDraft(nn.Module):
             **kwargs,
         )
         self.atom_host = host
+        refuse_body_capture(self)
         self.checkpoint_dir = getattr(config, "_name_or_path", None) or None
         logits_config = text_config(config)
         if self.atom_spec.method == EAGLE3:
@@ -211,6 +213,24 @@ class SGLangDraft(nn.Module):
             return
         del embedding.weight
         embedding.weight = embed
+
+
+def refuse_body_capture(draft: nn.Module) -> None:
+    """SGLang's breakable and full prefill CUDA graphs (on by default on CUDA) capture a draft's body
+    (``model.model.forward``) alone and run the rest around it; ATOM's draft bodies have no such forward, so a call
+    refuses with the way out instead of failing inside torch."""
+    body = layer_model(draft)
+    if body is None:
+        return
+    name = type(draft).__name__
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedConfigError(
+            f"{name}: SGLang's prefill CUDA graph captures the draft's body alone, which ATOM's draft models do not "
+            "provide; run with --cuda-graph-backend-prefill disabled"
+        )
+
+    body.forward = forward
 
 
 def _with_vocab(config: Any, vocab_size: int) -> Any:
