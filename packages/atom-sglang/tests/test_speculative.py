@@ -94,6 +94,9 @@ def test_mtp_draft_builds_and_loads_through_sglangs_loader(arch, cpu_runtime, mt
     path = mtp_checkpoints[arch]
     model = load_draft(path)
     assert type(model).__name__ == arch and isinstance(model, drafts.SGLangDraft)
+    # SGLang's loader runs every quant method's post-load step again after load_weights: once per load here
+    methods = [m.quant_method for m in model.modules() if getattr(m, "quant_method", None) is not None]
+    assert methods and all(getattr(q.process_weights_after_loading, "_atom_once", False) for q in methods)
     ckpt = tensors(path)
     n = json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"]
     if arch == "DeepseekV3ForCausalLMNextN":

@@ -156,6 +156,9 @@ class SGLangDraft(nn.Module):
             logits_config = _with_vocab(logits_config, self.draft_vocab_size)
         self.logits_processor = compat.logits_processor_class()(logits_config)
         self._weights_loaded = False
+        from atom_sglang.wrapper import guard_weight_processing  # (wrapper imports this module)
+
+        guard_weight_processing(self)  # SGLang's loader converts quantized layers again after load_weights
 
     @torch.no_grad()
     def forward(
@@ -190,6 +193,9 @@ class SGLangDraft(nn.Module):
         return self.lm_head
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        from atom_sglang.wrapper import reset_weight_processing
+
+        reset_weight_processing(self)
         loaded = self.atom_class.load_weights(self, weights, strict=not self._weights_loaded)
         self._weights_loaded = True
         if self.atom_spec.method == EAGLE3 and self.has_d2t:
