@@ -405,6 +405,14 @@ def speculative_algorithm() -> str | None:
     return None if name is None or name.upper() == "NONE" else name
 
 
+def target_model_path() -> str:
+    """The target model's checkpoint (a draft model is built with its own config; the server's model is the
+    target)."""
+    from sglang.srt.runtime_context import get_model
+
+    return get_model().model_path
+
+
 def dllm_algorithm() -> str | None:
     """The server's diffusion-LM decoding algorithm (None for autoregressive models)."""
     from sglang.srt.runtime_context import get_exec

@@ -177,6 +177,18 @@ CONTRACT: tuple[Symbol, ...] = (
            fields=("is_quantized_kv_cache",), used_by="attention_backend.AtomAttnBackend (its K/V buffers as ATOM's cache)"),
     Symbol("sglang.srt.mem_cache.memory_pool:MHATokenToKVPool.get_value_buffer", ("self", "layer_id"),
            used_by="attention_backend.AtomAttnBackend"),
+    # speculative decoding (drafts.py): SGLang's EAGLE worker hands the draft its hidden states in spec_info and takes
+    # the next ones from the LogitsProcessorOutput; EAGLE-3 targets hand their captured layers to the LogitsProcessor
+    Symbol("sglang.srt.layers.logits_processor:LogitsProcessor.forward",
+           ("self", "input_ids", "hidden_states", "lm_head", "logits_metadata", "aux_hidden_states"),
+           used_by="wrapper.SGLangCausalLM.forward (EAGLE-3 targets), drafts.SGLangDraft.forward"),
+    Symbol("sglang.srt.layers.logits_processor:LogitsProcessorOutput", fields=("hidden_states",),
+           used_by="drafts.SGLangDraft.forward (the next draft step's hidden states)"),
+    Symbol("sglang.srt.model_executor.forward_batch_info:ForwardBatch", fields=("spec_info",),
+           used_by="drafts.SGLangDraft.forward"),
+    Symbol("sglang.srt.speculative.eagle_info:EagleDraftInput", fields=("hidden_states",),
+           used_by="drafts.SGLangDraft.forward (forward_batch.spec_info)"),
+    Symbol("sglang.srt.runtime_context:get_model", (), used_by="compat.target_model_path (model_path)"),
     Symbol("sglang.srt.mem_cache.memory_pool:HybridLinearKVPool", used_by="compat.kv_pool_classes"),
     Symbol("sglang.srt.mem_cache.base_swa_memory_pool:BaseSWAKVPool", used_by="compat.kv_pool_classes (refused)"),
 )
