@@ -163,6 +163,15 @@ def test_other_pool_layouts_are_refused():
         sparse.check_pool(narrow, 3, 64)
 
 
+def test_speculative_decoding_is_refused(monkeypatch):
+    from atom_sglang import compat
+
+    monkeypatch.setattr(compat, "unsupported_latent_attention", lambda: None)
+    monkeypatch.setattr(compat, "speculative_algorithm", lambda: "EAGLE")
+    with pytest.raises(UnsupportedConfigError, match=r"^p: speculative decoding \(EAGLE\) with sparse latent attention"):
+        SGLangHost(tp=SingleRank()).attention("p", 0, 4, 1, 48, 0.1, mla=_spec())
+
+
 def test_sliding_window_and_sinks_are_refused():
     host = SGLangHost(tp=SingleRank())
     with pytest.raises(UnsupportedConfigError, match=r"^p: sparse latent attention with a sliding window or sinks"):

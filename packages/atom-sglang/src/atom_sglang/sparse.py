@@ -155,7 +155,7 @@ class SGLangSparseLatentAttention(SGLangLatentAttention):
             buffer = pool.get_index_k_with_scale_buffer(layer_id)
             store_index_keys(buffer, loc, index_k)
             keys = load_index_keys(buffer, context.reshape(-1), index_k.shape[1]).view(context.numel(), 1, -1)
-            table = torch.arange(context.numel(), dtype=torch.int32).view(context.shape)
+            table = torch.arange(context.numel(), dtype=torch.int32, device=context.device).view(context.shape)
             scores = indexer_scores(index_q.contiguous(), weights, keys, table, token_seq, token_pos, self.sparse.index_scale)
             host.sparse_selection = (batch, topk_indices(scores, self.sparse.topk))
         picked = host.sparse_selection[1].long()  # [T, topk] positions, -1 unused
@@ -183,4 +183,10 @@ def sparse_latent_attention(
     reason = compat.unsupported_latent_attention()
     if reason is not None:
         raise UnsupportedConfigError(f"{prefix}: {reason}")
+    algorithm = compat.speculative_algorithm()
+    if algorithm is not None:  # verify / draft-extend steps carry several tokens per request in their own layout
+        raise UnsupportedConfigError(
+            f"{prefix}: speculative decoding ({algorithm}) with sparse latent attention is not "
+            "supported; serve without --speculative-algorithm"
+        )
     return SGLangSparseLatentAttention(host, prefix, layer_id, num_heads, scale, mla)
