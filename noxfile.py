@@ -486,6 +486,8 @@ def sglang_session(session: nox.Session, version: str) -> None:
         session.install("--no-deps", str(wheel), env=env)
         session.install("-c", str(constraints), *SGLANG_IMPORTS, "hatchling", "editables", *pinned("pytest", table=TOOLS),
                         env=env | no_local_cpu_torch)
+        # the LoRA adapters test_lora makes and compares against (constrained: it must not move torch or transformers)
+        session.install("-c", str(constraints), *pinned("peft", table=TOOLS), env=env | no_local_cpu_torch)
         # atom-sglang installed (not put on PYTHONPATH) so SGLang finds its sglang.srt.plugins entry point.
         session.install("--no-deps", "--no-build-isolation", "-e", "packages/atom-kernels", "-e", "packages/atom-core",
                         "-e", "packages/atom-sglang", env=env)

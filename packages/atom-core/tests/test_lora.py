@@ -311,6 +311,9 @@ def test_slots_write_clear_and_per_token_index():
     want[0, :8], want[0, 12:] = x[0] @ a["q"].t() @ b["q"].t(), x[0] @ a["v"].t() @ b["v"].t()
     want[1, 8:12] = x[1] @ a["k"].t() @ b["k"].t()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    tokens.token_scale = torch.tensor([0.5, 3.0, 7.0])  # a host scaling B per token (SGLang's manager)
+    torch.testing.assert_close(layer(x) - base, want * torch.tensor([[0.5], [3.0], [0.0]]), rtol=1e-5, atol=1e-5)
+    tokens.token_scale = None
     slots.clear(1)
     want[0] = 0
     torch.testing.assert_close(layer(x) - base, want, rtol=1e-5, atol=1e-5)

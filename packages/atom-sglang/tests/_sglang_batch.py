@@ -64,10 +64,11 @@ LINEAR_ATTN_BACKENDS: ByRelease = ByRelease("the ModelRunner's linear-attention 
 
 class SGLangCPUBatch:
     def __init__(self, model, num_requests: int, dtype: torch.dtype = torch.float32, *, backend: str = "torch_native",
-                 page_size: int | None = None):
+                 page_size: int | None = None, latent: tuple[int, int] | None = None):
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-        sparse = [m for m in model.atom_host.attention_layers if isinstance(m, SGLangSparseLatentAttention)]
+        host = getattr(model, "atom_host", None)  # None: one of SGLang's own classes
+        sparse = [m for m in host.attention_layers if isinstance(m, SGLangSparseLatentAttention)] if host else []
         page_size = page_size or (DSA_PAGE_SIZE if sparse else 1)
         assert MAX_CONTEXT % page_size == 0
         self.model = model
@@ -78,8 +79,11 @@ class SGLangCPUBatch:
         layers = [m for m in model.modules() if isinstance(m, radix)]
         kv = dict(size=num_requests * MAX_CONTEXT, page_size=page_size, dtype=dtype, head_num=layers[0].tp_k_head_num,
                   head_dim=layers[0].head_dim, device="cpu", enable_memory_saver=False)
-        self.hybrid = bool(model.atom_host.linear_attention_states)
-        latent = [m for m in model.atom_host.attention_layers if isinstance(m, SGLangLatentAttention)]
+        self.hybrid = bool(host and host.linear_attention_states)
+        if host is not None:
+            latent = [(m.kv_lora_rank, m.rope_dim) for m in host.attention_layers if isinstance(m, SGLangLatentAttention)]
+        else:  # one of SGLang's own classes: (kv_lora_rank, qk_rope_head_dim) of its latent attention, if it has one
+            latent = [latent] if latent is not None else []
         if self.hybrid:
             self._hybrid_pools(model, kv, [m.layer_id for m in layers])
         elif sparse:  # what SGLang's ModelRunner builds for a DSA architecture: latent rows + FP8 indexer keys
@@ -99,8 +103,8 @@ class SGLangCPUBatch:
             self.req_pool = ReqToTokenPool(size=num_requests, max_context_len=MAX_CONTEXT, device="cpu",
                                            enable_memory_saver=False)
             self.kv_pool = MLATokenToKVPool(
-                size=kv["size"], page_size=page_size, dtype=dtype, kv_lora_rank=latent[0].kv_lora_rank,
-                qk_rope_head_dim=latent[0].rope_dim, layer_num=len(layers), device="cpu", enable_memory_saver=False,
+                size=kv["size"], page_size=page_size, dtype=dtype, kv_lora_rank=latent[0][0],
+                qk_rope_head_dim=latent[0][1], layer_num=len(layers), device="cpu", enable_memory_saver=False,
             )
         else:
             from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -151,7 +155,8 @@ class SGLangCPUBatch:
                                  linear_attn_backends=LINEAR_ATTN_BACKENDS.get()(), model_config=None)
         return HybridLinearAttnBackend(self.backend, GDNAttnBackend(runner), full_layers)
 
-    def step(self, new_tokens: dict[int, list[int]], *, graph_bs: int | None = None, run=None) -> torch.Tensor:
+    def step(self, new_tokens: dict[int, list[int]], *, graph_bs: int | None = None, run=None,
+             spec_hidden: torch.Tensor | None = None, capture: bool = False) -> torch.Tensor:
         """Run the model over the new tokens of some requests (``{request: tokens}``, in request order);
         the next-token logits of each of them, in that order.
 
@@ -161,7 +166,11 @@ class SGLangCPUBatch:
         eager one.  No graph is captured on the CPU: this checks the hooks' static buffers, not CUDA.
 
         ``run(model, ids, positions, batch)``: how the step calls the model (default: its forward, as the ModelRunner
-        does eagerly)."""
+        does eagerly).
+
+        ``spec_hidden``: a draft model's step: the hidden states SGLang's EAGLE worker hands the draft (one row per new
+        token, in ``forward_batch.spec_info.hidden_states``); every token's hidden states are captured
+        (``CaptureHiddenMode.FULL``, also with ``capture``).  The LogitsProcessorOutput is kept in :attr:`last_output`."""
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -194,10 +203,11 @@ class SGLangCPUBatch:
             forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND, batch_size=len(rows),
             input_ids=ids, req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(ends), seq_lens_cpu=torch.tensor(ends),
             out_cache_loc=slots, seq_lens_sum=sum(ends), positions=positions,
-            capture_hidden_mode=CaptureHiddenMode.NULL,
+            capture_hidden_mode=CaptureHiddenMode.FULL if capture or spec_hidden is not None else CaptureHiddenMode.NULL,
+            spec_info=None if spec_hidden is None else SimpleNamespace(hidden_states=spec_hidden),
             mm_inputs=None if decode or not any(mm_inputs) else mm_inputs, **extend,
         )
-        if self.model.uses_mrope:  # SGLang's own computation, from each request's MultimodalInputs
+        if getattr(self.model, "uses_mrope", False):  # SGLang's own computation, from each request's MultimodalInputs
             schedule = SimpleNamespace(multimodal_inputs=mm_inputs, extend_lens=lens, prefix_lens=starts,
                                        reqs=[SimpleNamespace(session=None) for _ in reqs])
             batch._compute_mrope_positions(SimpleNamespace(device="cpu"), schedule)
@@ -211,4 +221,5 @@ class SGLangCPUBatch:
                 self.graph_sizes.add(graph_bs)
             out = self.model.forward(ids, positions, batch) if run is None else run(self.model, ids, positions, batch)
         self.last_batch = batch
+        self.last_output = out
         return out.next_token_logits[: len(reqs)]

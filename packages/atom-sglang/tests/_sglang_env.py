@@ -31,6 +31,11 @@ HARNESS: tuple[Symbol, ...] = (
            used_by="test_contract (SGLang's ModelConfig finds a hybrid spec by config class)"),
     Symbol("sglang.srt.configs.linear_attn_model_registry:get_linear_attn_spec_by_arch", ("arch_name",),
            used_by="test_contract"),
+    Symbol("sglang.srt.configs.model_config:ModelConfig.__init__", ("self", "model_path", "dtype", "is_draft_model"),
+           used_by="test_speculative.load_draft (a draft as SGLang's EAGLE worker configures it)"),
+    Symbol("sglang.srt.speculative.draft_utils:DraftBackendFactory.__init__",
+           ("self", "draft_model_runner", "topk", "speculative_num_steps"),
+           used_by="test_speculative (SGLang's draft backends refuse torch_native)", releases=">=0.5.21"),
 )
 
 

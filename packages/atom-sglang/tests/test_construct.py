@@ -209,20 +209,3 @@ def test_bad_checkpoint_fails_with_atoms_message(case, cpu_runtime, tiny_checkpo
     assert BAD_CHECKPOINTS[case] in message and "\n" not in message, message
     if case in FILE_CASES:
         assert message.startswith(f"{shard}: "), message
-
-
-def test_lora_server_refused_by_atoms_class(cpu_runtime, tiny_checkpoints):
-    """A server with LoRA on (--enable-lora / --lora-paths) and ATOM's class: a one-line error naming the
-    architecture and the switch that keeps SGLang's own class, at construction, rather than SGLang's LoRA manager
-    failing after the weights are loaded ("No corresponding LoRA layer supported for <ATOM's layer>")."""
-    from sglang.srt.runtime_context import get_lora
-
-    from atom_core.errors import UnsupportedConfigError
-
-    arch = "Qwen3ForCausalLM" if "Qwen3ForCausalLM" in tiny_checkpoints else sorted(tiny_checkpoints)[0]
-    assert not compat.lora_enabled()
-    with get_lora().override(enable_lora=True), pytest.raises(UnsupportedConfigError) as err:
-        load_with_sglang(tiny_checkpoints[arch])
-    message = str(err.value)
-    assert message.startswith(f"{arch}: SGLang's LoRA (--enable-lora / --lora-paths) is not supported"), message
-    assert "ATOM_TAKE_OVER=none" in message and "\n" not in message

@@ -15,7 +15,7 @@ import pytest
 from _sglang_env import PACKAGE, run_fresh
 
 from atom_core import catalog
-from atom_sglang import capabilities, compat
+from atom_sglang import capabilities, compat, drafts
 
 pytestmark = pytest.mark.sglang
 
@@ -76,6 +76,8 @@ def test_model_config_path_resolves_to_atom(resolution, tiny_checkpoints):
     for arch, (module, name, as_arch, bases) in resolution["model_config"].items():
         assert (module, name, as_arch) == ("atom_sglang.models.catalog", arch, arch), resolution["model_config"][arch]
         mixins = [m.__module__ + "." + m.__name__ for m in capabilities.mixins(catalog.get(arch))]
+        if arch in drafts.eagle3_targets():  # what SGLang's model runner asks of an EAGLE-3 target
+            mixins.append("atom_sglang.drafts.Eagle3Target")
         assert bases[: len(mixins) + 1] == [*mixins, "atom_sglang.wrapper.SGLangCausalLM"], bases
         assert bases[len(mixins) + 1].startswith("atom_core.models."), bases
 
@@ -91,6 +93,7 @@ def test_sglang_sees_each_architectures_kind(resolution):
 def test_strict_import_of_the_package(resolution):
     """SGLang imports external packages non-strictly (errors are only logged); strict must pass too."""
     exported = [a for a in catalog.ARCHITECTURES if a not in sglangs_own_serve()]
+    exported += drafts.SGLANG_NAMES.values()  # ATOM's drafts, beside its targets (all served here)
     assert resolution["strict"] == dict.fromkeys(exported, "atom_sglang.models.catalog")
 
 
@@ -124,6 +127,7 @@ def test_do_no_harm_by_default():
     assert line.startswith("[") and ", ".join(own) in line and "ATOM_TAKE_OVER=all" in line, line
 
     forced = run_fresh(DEFAULT % json.dumps([archs, PACKAGE]), env={"ATOM_TAKE_OVER": "Qwen3ForCausalLM"})
-    assert forced["package"] == sorted({"Qwen3ForCausalLM", *set(archs) - set(own)})
+    # with ATOM's Qwen3 target comes ATOM's EAGLE-3 draft (atom_sglang.drafts)
+    assert forced["package"] == sorted({"Qwen3ForCausalLM", "LlamaForCausalLMEagle3", *set(archs) - set(own)})
     assert forced["registry"]["Qwen3ForCausalLM"] == "atom_sglang.models.catalog"
     assert all(m.startswith("sglang.srt.models.") for a, m in forced["registry"].items() if a in own and a != "Qwen3ForCausalLM")

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from atom_core import catalog
-from atom_sglang import _pins, capabilities, compat, contract
+from atom_sglang import _pins, capabilities, compat, contract, drafts
 from atom_sglang.host import SGLangHost, SGLangTP, radix_window
 from atom_sglang.linear_attention import SGLangLinearAttentionState, check_state_plan
 from atom_sglang.wrapper import entry_classes, guard_weight_processing, reset_weight_processing, uses_mrope, wrapper_class
@@ -124,6 +124,9 @@ def test_every_catalog_architecture_is_served_or_refused(monkeypatch, caplog):
     monkeypatch.setattr(compat, "own_architectures", lambda: frozenset(catalog.ARCHITECTURES) - {staged.name, broken.name})
     with caplog.at_level(logging.INFO, logger="atom_sglang.wrapper"):
         classes = {cls.__name__: cls for cls in entry_classes(__name__)}
+    draft_names = set(drafts.SGLANG_NAMES.values())
+    assert draft_names <= set(classes)  # every draft's targets are served (atom_sglang.drafts)
+    classes = {name: cls for name, cls in classes.items() if name not in draft_names}
     assert set(classes) == set(catalog.ARCHITECTURES) - (lacking - {staged.name})  # the rest: SGLang's own
     refused = {name for name, cls in classes.items() if hasattr(cls, "atom_refusal")}
     assert refused == {staged.name, broken.name}
@@ -167,6 +170,9 @@ def test_entry_classes_do_no_harm(monkeypatch, caplog, platform, switch, expecte
         monkeypatch.setenv("ATOM_TAKE_OVER", switch)
     with caplog.at_level(logging.INFO, logger="atom_sglang.wrapper"):
         names = [cls.__name__ for cls in entry_classes(__name__)]
+    served_drafts = {drafts.SGLANG_NAMES[d.name] for d in catalog.DRAFTS.values() if set(d.targets) & set(expected)}
+    assert {n for n in names if n in drafts.SGLANG_NAMES.values()} == served_drafts  # drafts beside ATOM's targets
+    names = [n for n in names if n not in served_drafts]
     assert sorted(names) == sorted(set(expected) | {ours.name})
     lines = [r.getMessage() for r in caplog.records if "classes serve" in r.getMessage()]
     own = [a for a in catalog.ARCHITECTURES if a not in names]

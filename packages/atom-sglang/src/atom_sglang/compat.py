@@ -211,6 +211,43 @@ def lora_enabled() -> bool:
         return False
 
 
+# SGLang releases whose LoRA internals atom_sglang.lora hooks were read and tested with ATOM's layers: the manager's
+# get_lora_layer (as lora_manager imported it), BaseLayerWithLoRA's set_lora_info / slice_lora_*_weights /
+# on_lora_slots_updated calls, the pool's buffer layout and the backend's batch_info fields (contract.py).
+LORA_INTERNALS_CHECKED = ("0.5.23",)
+
+
+def lora_internals_checked(version: Version | str | None = None) -> bool:
+    version = installed_version() if version is None else Version(str(version))
+    return version is not None and str(version) in LORA_INTERNALS_CHECKED
+
+
+def lora_layer_base() -> type:
+    from sglang.srt.lora.layers import BaseLayerWithLoRA
+
+    return BaseLayerWithLoRA
+
+
+def install_lora_layers(choose: Any) -> None:
+    """Let SGLang's LoRA manager wrap ATOM's layers: the ``get_lora_layer`` its ``set_lora_module`` calls (as
+    ``sglang.srt.lora.lora_manager`` imported it; its layer table is local to that function, with no hook) becomes
+    ``choose(layer, lora_backend, fallback, **kwargs)`` with SGLang's own as ``fallback``.  Idempotent; the caller
+    has checked :func:`lora_internals_checked`."""
+    import sglang.srt.lora.lora_manager as manager
+
+    own = manager.get_lora_layer
+    if getattr(own, "atom_choose", None) is choose:
+        return
+    own = getattr(own, "atom_fallback", own)
+
+    def get_lora_layer(layer: Any, lora_backend: Any, **kwargs: Any) -> Any:
+        return choose(layer, lora_backend, own, **kwargs)
+
+    get_lora_layer.atom_choose = choose
+    get_lora_layer.atom_fallback = own
+    manager.get_lora_layer = get_lora_layer
+
+
 def unsupported_latent_attention() -> str | None:
     """Why the running SGLang's parallel layout cannot host ATOM's latent attention (None when it can)."""
     dcp = parallel().attn_dcp_size
@@ -374,6 +411,14 @@ def speculative_algorithm() -> str | None:
     algorithm = get_spec().speculative_algorithm
     name = None if algorithm is None else str(getattr(algorithm, "name", algorithm))
     return None if name is None or name.upper() == "NONE" else name
+
+
+def target_model_path() -> str:
+    """The target model's checkpoint (a draft model is built with its own config; the server's model is the
+    target)."""
+    from sglang.srt.runtime_context import get_model
+
+    return get_model().model_path
 
 
 def dllm_algorithm() -> str | None:

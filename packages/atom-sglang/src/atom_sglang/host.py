@@ -102,8 +102,10 @@ def check_takes_sinks(backend: Any, layer_id: int) -> None:
 class SGLangHost:
     """Builds an ATOM model's framework-facing layers out of SGLang's."""
 
-    def __init__(self, quant: Any = None, tp: Any = None):
+    def __init__(self, quant: Any = None, tp: Any = None, layer_offset: int = 0):
         self.tp = tp if tp is not None else SGLangTP(compat.tp_group())
+        # subtracted from a model's layer ids: a draft's layers are numbered from 0 in its own KV pool
+        self.layer_offset = layer_offset
         self.quant = quant
         self.forward_batch: Any = None  # published by the wrapper around each forward
         self.sparse_selection: tuple[Any, torch.Tensor] | None = None  # (ForwardBatch, its top-k) of the last indexer
@@ -113,6 +115,7 @@ class SGLangHost:
 
     def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
+        layer_id -= self.layer_offset
         if mla is not None:
             build = latent_attention if mla.sparse is None else sparse_latent_attention
             layer = build(self, prefix, layer_id, num_heads, scale, mla, sliding_window=sliding_window, sinks=sinks)

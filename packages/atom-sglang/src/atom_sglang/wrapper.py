@@ -33,7 +33,7 @@ from atom_core.config import text_config
 from atom_core.env import env_take_over
 from atom_core.errors import UnsupportedConfigError
 from atom_core.versions import check_requirements
-from atom_sglang import capabilities, compat
+from atom_sglang import capabilities, compat, drafts, lora
 from atom_sglang.host import SGLangHost
 from atom_sglang.linear_attention import check_state_plan
 from atom_sglang.prefill_graph import install_body_forward
@@ -56,11 +56,7 @@ class SGLangCausalLM(nn.Module):
         reason = compat.unsupported_parallelism()
         if reason is not None:
             raise UnsupportedConfigError(f"{name}: {reason}")
-        if compat.lora_enabled():  # else SGLang's LoRA manager fails after loading: it wraps SGLang's layer types only
-            raise UnsupportedConfigError(
-                f"{name}: SGLang's LoRA (--enable-lora / --lora-paths) is not supported with ATOM's class yet "
-                "(SGLang's LoRA manager wraps SGLang's own linear layers only); set ATOM_TAKE_OVER=none, or leave "
-                f"{name} out of it, to serve it with SGLang's own class")
+        lora.prepare(name)  # with LoRA on: SGLang's manager wraps ATOM's linear layers (or a one-line refusal)
         # SGLang's quant_config configures SGLang's layers; ATOM's layers read the checkpoint's
         # quantization_config with ATOM's own schemes.
         _, host = build_model(config, lambda quant: SGLangHost(quant=quant), into=self, prefix=prefix,
@@ -97,6 +93,9 @@ class SGLangCausalLM(nn.Module):
             hidden = self._run_model(input_ids, positions, forward_batch, input_embeds)
         finally:
             host.forward_batch = None
+        if isinstance(hidden, tuple):  # an EAGLE-3 target with layers to capture: (hidden, [aux ...])
+            hidden, aux = hidden
+            return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch, aux)
         return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
 
     def _run_model(self, input_ids, positions, forward_batch, input_embeds):
@@ -106,6 +105,10 @@ class SGLangCausalLM(nn.Module):
     def atom_forward(self, input_ids, positions, inputs_embeds=None, **kwargs):
         """The ATOM model's own ``forward`` (this class's ``forward`` is SGLang's)."""
         return super().forward(input_ids, positions, inputs_embeds, **kwargs)
+
+    def get_hidden_dim(self, module_name: str, layer_idx: int) -> tuple[int, int]:
+        """SGLang's LoRA pool: input and output size of the linear layer a target names (``lora.hidden_dims``)."""
+        return lora.hidden_dims(self, module_name, layer_idx)
 
     # ------------------------------------------------------------------------------------- weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -209,7 +212,8 @@ def wrapper_class(spec: ArchSpec, module: str) -> type:
         # SGLang reads (and may extend) this dict on the class; one fresh dict per class.
         "packed_modules_mapping": {fused: list(parts) for fused, parts in packed.items()},
     }
-    return type(spec.name, (*mixins, SGLangCausalLM, atom_class), namespace)
+    eagle = (drafts.Eagle3Target,) if spec.name in drafts.eagle3_targets() else ()
+    return type(spec.name, (*mixins, *eagle, SGLangCausalLM, atom_class), namespace)
 
 
 def entry_classes(module: str) -> list[type]:
@@ -240,7 +244,8 @@ def entry_classes(module: str) -> list[type]:
         logger.error("atom-sglang does not serve %s: %s. Its class refuses to build; unset "
                      "SGLANG_EXTERNAL_MODEL_PACKAGE to serve it with SGLang's own implementation.", name, why)
         classes.append(refusing_class(name, why, module))
-    return classes
+    served = [cls.__name__ for cls in classes if issubclass(cls, SGLangCausalLM)]
+    return classes + drafts.draft_classes(served, module)
 
 
 def leave_unserved(decision: takeover.Decision, skipped: dict[str, str], own: frozenset[str]) -> takeover.Decision:

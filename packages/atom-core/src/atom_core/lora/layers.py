@@ -14,7 +14,8 @@ row-parallel layer its rank's columns of A: its partial delta joins the partial 
 
 :class:`LoraSlots` is the same delta for a host's adapter manager: ``slots`` fixed places of rank ``rank`` each,
 written and cleared one at a time as the host loads and evicts adapters, the per-token slot index read from the
-host (``-1``: none).
+host (``-1``: none).  A host that keeps B unscaled gives each token's scaling as ``tokens.token_scale`` ``[T]``
+float32 (absent or None: B is written scaled).
 
 Only :class:`~atom_core.layers.linear.LinearBase` layers take adapters; a target that maps elsewhere (MoE experts,
 a router, embeddings, the LM head) is refused with a message naming the module.
@@ -71,6 +72,9 @@ class LoraDelta(nn.Module):
             raise RuntimeError(f"LoRA: {token_adapter.shape[0]} token adapter indices for {x2.shape[0]} tokens")
         mask = token_adapter[:, None] == self.column_adapter[None, :]
         delta = ((x2 @ self.shrink.t()) * mask) @ self.expand.t()
+        token_scale = getattr(self.lora_set[0], "token_scale", None)
+        if token_scale is not None:  # a host that scales B per step (SGLang) rather than when it is written
+            delta = delta * token_scale[:, None]
         return y + delta.to(y.dtype).reshape(y.shape)
 
     def extra_repr(self) -> str:

@@ -2,7 +2,7 @@
 checkpoint carries past its decoder (``model.layers.<num_hidden_layers + i>``, ``num_nextn_predict_layers`` of them).
 
     per MTP layer, at position p (the target's hidden state h_p, the token t_{p+1} that follows it):
-        e   = embed(t_{p+1})                  zero at position 0
+        e   = embed(t_{p+1})                  zero at position 0 (``zero_first_embedding``)
         x   = eh_proj([rmsnorm_e(e) | rmsnorm_h(h_p)])           eh_proj: [H, 2H]
         y   = decoder_layer(x) + its residual                    latent attention over the layer's own KV cache
         logits = shared_head.head(shared_head.norm(y))           a guess at t_{p+2}
@@ -63,9 +63,10 @@ class MTPLayer(nn.Module):
         self.shared_head = SharedHead(cfg, host=host)
         self.mtp_block = block
 
-    def forward(self, positions: torch.Tensor, embeds: torch.Tensor,
-                previous_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        embeds = embeds.masked_fill((positions == 0)[:, None], 0.0)
+    def forward(self, positions: torch.Tensor, embeds: torch.Tensor, previous_hidden: torch.Tensor,
+                zero_first_embedding: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        if zero_first_embedding:
+            embeds = embeds.masked_fill((positions == 0)[:, None], 0.0)
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(previous_hidden)], dim=-1))
         y, residual = self.mtp_block(positions, x, None)
         y = y + residual
@@ -85,7 +86,12 @@ class DeepSeekMTP(DeepseekV3ForCausalLM):
     ``forward(input_ids, positions, previous_hidden, step)`` returns ``(y, shared_head.norm(y))``: the hidden states
     ``compute_logits(y, step)`` turns into the draft's logits, and the ones the next draft step takes as
     ``previous_hidden`` (the pair vLLM's and SGLang's drafters expect of ``DeepSeekMTPModel``).  It shares its host
-    (and so the KV-cache slots of each position) with the target: the native runner builds both over one host."""
+    (and so the KV-cache slots of each position) with the target: the native runner builds both over one host.
+
+    ``zero_first_embedding``: the token embedding at position 0 is zeroed, as vLLM's MTP layer does; SGLang's does not
+    (its adapter turns it off)."""
+
+    zero_first_embedding = True
 
     def __init__(self, hf_config: Any, host: Host, prefix: str = ""):
         CausalLM.__init__(self, hf_config, host)  # the target's decoder is not built: only the MTP layers
@@ -111,7 +117,7 @@ class DeepSeekMTP(DeepseekV3ForCausalLM):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, previous_hidden: torch.Tensor,
                 step: int = 0, inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         embeds = inputs_embeds if inputs_embeds is not None else self.model.embed_tokens(input_ids)
-        return self._layer(step)(positions, embeds, previous_hidden)
+        return self._layer(step)(positions, embeds, previous_hidden, self.zero_first_embedding)
 
     def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
         head = self._layer(step).shared_head

@@ -1,0 +1,200 @@
+"""SGLang's own LoRA manager driving ATOM's linear layers (``--enable-lora``, ``--lora-paths``) on the CPU.
+
+Two peft adapters of a tiny Qwen3 (random A *and* B: peft starts B at zero) and a prompt without one, in one
+``sglang.Engine.generate`` batch (scheduler, ModelRunner, SGLang's LoRA manager, memory pool and torch-native LoRA
+backend): each prompt's greedy tokens equal transformers + peft with its adapter (the third the base model); then
+a third adapter in a second batch, which SGLang loads into an evicted slot.
+
+Two things of SGLang 0.5.23 do not run on this GPU-less machine, whatever the model class:
+- its torch-native LoRA backend pins its per-batch host tensors (``Tensor.pin_memory()``, ``pin_memory=True``),
+  which SGLang's CUDA build of torch refuses without an NVIDIA driver: the engine's processes run with
+  ``_no_pinning/sitecustomize.py``, which makes pinning a no-op when CUDA is unavailable (pinning only speeds up
+  host-to-device copies; there is no device here);
+- SGLang's own Qwen3 (its ``RotaryEmbedding`` imports ``vllm._custom_ops`` on the CPU), so the comparison with
+  SGLang's own class and the same adapters is not made here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from _sglang_env import run_fresh
+from test_construct import load_with_sglang
+
+from atom_core import catalog
+from atom_core.errors import UnsupportedConfigError
+from atom_sglang import compat, lora
+
+pytestmark = pytest.mark.sglang
+
+ARCH = "Qwen3ForCausalLM"
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+DENSE = [*ATTENTION, "gate_proj", "up_proj", "down_proj"]
+PROMPTS = [[5, 17, 99, 3, 200, 41, 7], [11, 300, 8], [42, 7, 19, 250]]
+NEW_TOKENS = 5
+NO_PINNING = Path(__file__).parent / "_no_pinning"
+
+ENGINE = """
+import json
+import sglang
+
+path, adapters, batches, new_tokens = json.loads(%r)
+engine = sglang.Engine(model_path=path, device="cpu", dtype="float32", attention_backend="torch_native",
+                       sampling_backend="pytorch", skip_tokenizer_init=True, disable_cuda_graph=True,
+                       max_total_tokens=1024, random_seed=0, log_level="error", enable_lora=True,
+                       lora_backend="torch_native", max_loras_per_batch=3,
+                       lora_paths=[f"{name}={adapter}" for name, adapter in adapters.items()])
+try:
+    outputs = [engine.generate(input_ids=prompts, lora_path=names,
+                               sampling_params={"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True})
+               for prompts, names in batches]
+finally:
+    engine.shutdown()
+print(json.dumps([[out["output_ids"] for out in batch] for batch in outputs]))
+"""
+
+
+def hf_model(model_dir: str, arch: str = ARCH):
+    return catalog.get(arch).hf_model_class().from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def make_adapter(model_dir: str, out: Path, targets: list[str], *, seed: int, r: int, alpha: int, arch: str = ARCH) -> str:
+    import peft
+
+    model = peft.get_peft_model(
+        hf_model(model_dir, arch), peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0)
+    )
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    model.save_pretrained(out)
+    return str(out)
+
+
+@torch.inference_mode()
+def peft_greedy(model_dir: str, adapter: str | None, prompt: list[int]) -> list[int]:
+    import peft
+
+    model = hf_model(model_dir)
+    if adapter:
+        model = peft.PeftModel.from_pretrained(model, adapter).eval()
+    out = model.generate(
+        input_ids=torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def test_engine_two_adapters_and_none_in_one_batch(tiny_checkpoints, tmp_path):
+    """Then a second batch with a third adapter: SGLang evicts the least recently used one from its three slots
+    (two adapters and the no-adapter slot) and loads the third there, at another rank."""
+    if not compat.lora_internals_checked():
+        pytest.skip(f"SGLang {compat.installed_version()}: ATOM's class refuses LoRA (test_lora_refused_elsewhere)")
+    model_dir = tiny_checkpoints[ARCH]
+    # all seven projections at r=4, the attention projections at r=8: fused q|k|v and gate|up at two ranks
+    adapters = {
+        "first": make_adapter(model_dir, tmp_path / "first", DENSE, seed=1, r=4, alpha=8),
+        "second": make_adapter(model_dir, tmp_path / "second", ATTENTION, seed=2, r=8, alpha=16),
+        "third": make_adapter(model_dir, tmp_path / "third", DENSE, seed=3, r=2, alpha=4),
+    }
+    batches = [(PROMPTS, ["first", "second", None]), (PROMPTS[:2], ["third", None])]
+    pythonpath = os.pathsep.join(p for p in (str(NO_PINNING), os.environ.get("PYTHONPATH")) if p)
+    got = run_fresh(ENGINE % json.dumps([model_dir, adapters, batches, NEW_TOKENS]), env={"PYTHONPATH": pythonpath})
+    want = [
+        [peft_greedy(model_dir, adapters[name] if name else None, prompt) for prompt, name in zip(prompts, names)]
+        for prompts, names in batches
+    ]
+    # the adapters change the tokens (else a layer ignoring them would pass)
+    assert want[0][0] != peft_greedy(model_dir, None, PROMPTS[0])
+    assert want[0][1] != peft_greedy(model_dir, None, PROMPTS[1])
+    assert want[1][0] not in (peft_greedy(model_dir, None, PROMPTS[0]), want[0][0])
+    assert got == want
+
+
+def test_lora_refused_elsewhere(cpu_runtime, tiny_checkpoints, monkeypatch):
+    """Releases whose LoRA internals were not checked, and tensor parallelism: one line, at construction, naming the
+    architecture and the switch that keeps SGLang's own class."""
+    from sglang.srt.runtime_context import get_lora
+
+    monkeypatch.setattr(compat, "LORA_INTERNALS_CHECKED", ("0.0.1",))
+    with get_lora().override(enable_lora=True), pytest.raises(UnsupportedConfigError) as err:
+        load_with_sglang(tiny_checkpoints[ARCH])
+    message = str(err.value)
+    assert message.startswith(
+        f"{ARCH}: SGLang's LoRA (--enable-lora / --lora-paths) with ATOM's class is checked on SGLang 0.0.1 only"
+    ), message
+    assert f"not {compat.installed_version()}" in message
+    assert "ATOM_TAKE_OVER=none" in message and "\n" not in message
+
+    monkeypatch.setattr(compat, "LORA_INTERNALS_CHECKED", (str(compat.installed_version()),))
+    two_ranks = SimpleNamespace(tp_size=2, attn_tp_size=2, pp_size=1)
+    monkeypatch.setattr(compat, "parallel", lambda: two_ranks)
+    with get_lora().override(enable_lora=True), pytest.raises(UnsupportedConfigError) as err:
+        load_with_sglang(tiny_checkpoints[ARCH])
+    assert str(err.value).startswith(f"{ARCH}: SGLang's LoRA with ATOM's class runs on one rank only, not tp_size=2")
+
+
+def test_lora_layers_and_targets(cpu_runtime, tiny_checkpoints):
+    """ATOM's linear layers get ATOM's wrapper through SGLang's get_lora_layer (as the manager calls it), the sizes
+    SGLang's pool asks for are the layers', and targets that are no ATOM linear layer are refused by name."""
+    if not compat.lora_internals_checked():
+        pytest.skip(f"SGLang {compat.installed_version()}: ATOM's class refuses LoRA")
+    import sglang.srt.lora.lora_manager as manager
+    from sglang.srt.runtime_context import get_lora
+
+    with get_lora().override(enable_lora=True):
+        model = load_with_sglang(tiny_checkpoints[ARCH])
+    config = model.config
+    layer = model.model.layers[0]
+    wrapped = manager.get_lora_layer(layer.self_attn.qkv_proj, SimpleNamespace(max_loras_per_batch=2))
+    assert type(wrapped).__name__ == "AtomLinearWithLoRA" and wrapped.base_layer is layer.self_attn.qkv_proj
+    assert wrapped.split == layer.self_attn.qkv_proj.split  # the model's own calls reach ATOM's layer
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    assert model.get_hidden_dim("qkv_proj", 1) == (config.hidden_size, q + 2 * kv)
+    assert model.get_hidden_dim("gate_up_proj", 0) == (config.hidden_size, 2 * config.intermediate_size)
+    assert model.get_hidden_dim("down_proj", 1) == (config.intermediate_size, config.hidden_size)
+    for target in ("embed_tokens", "lm_head"):
+        with pytest.raises(UnsupportedConfigError, match=f"LoRA target '{target}' is no linear layer"):
+            model.get_hidden_dim(target, 0)
+    with pytest.raises(UnsupportedConfigError, match="adapters apply to ATOM's linear layers only"):
+        manager.get_lora_layer(model.model.embed_tokens, SimpleNamespace(max_loras_per_batch=2))
+
+
+def test_lora_on_moe_experts_refused(cpu_runtime, tiny_checkpoints):
+    """Qwen3-MoE: its MLPs are experts (no ATOM linear layer named gate_up_proj / down_proj), so SGLang's pool asking
+    for those targets is refused naming them; the attention projections take adapters."""
+    arch = "Qwen3MoeForCausalLM"
+    if not compat.lora_internals_checked() or arch not in tiny_checkpoints:
+        pytest.skip("ATOM's class refuses LoRA here, or does not serve Qwen3-MoE")
+    from sglang.srt.runtime_context import get_lora
+
+    with get_lora().override(enable_lora=True):
+        model = load_with_sglang(tiny_checkpoints[arch])
+    assert model.get_hidden_dim("o_proj", 0)[1] == model.config.hidden_size
+    for target in ("gate_up_proj", "down_proj"):
+        with pytest.raises(UnsupportedConfigError, match=f"target '{target}' is no linear layer .* not MoE experts"):
+            model.get_hidden_dim(target, 0)
+
+
+def test_batch_tokens_from_sglang_batch_info():
+    """Each token's slot and scaling from the backend's segments; a rank-0 slot (no adapter) gives -1."""
+    info = SimpleNamespace(
+        num_segments=3,
+        weight_indices=torch.tensor([2, 0, 1], dtype=torch.int32),
+        seg_lens=torch.tensor([2, 1, 3], dtype=torch.int32),
+        lora_ranks=torch.tensor([4, 0, 8], dtype=torch.int32),
+        scalings=torch.tensor([2.0, 0.0, 0.5]),
+        permutation=None,
+    )
+    tokens = lora.BatchTokens(SimpleNamespace(get_batch_info=lambda: info))
+    assert tokens.token_adapter.tolist() == [2, 2, 0, -1, -1, -1]
+    assert tokens.token_scale.tolist() == [0.5, 0.5, 2.0, 0.0, 0.0, 0.0]
+    info.permutation = torch.tensor([5, 4, 3, 2, 1, 0])
+    assert tokens.token_adapter.tolist() == [-1, -1, -1, 0, 2, 2]
+    assert lora.BatchTokens(SimpleNamespace(get_batch_info=lambda: None)).token_adapter is None
