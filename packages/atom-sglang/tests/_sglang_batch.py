@@ -13,6 +13,9 @@ requests and runs the model over ForwardBatches of their extend and decode steps
   ATOM layers read);
 * latent-attention models (DeepSeek-V3): SGLang's ``MLATokenToKVPool`` (one ``kv_lora_rank + qk_rope_head_dim``
   row per token), as its ModelRunner builds for an architecture its ModelConfig lists as MLA;
+* sparse latent attention (DeepSeek-V3.2, GLM-5): SGLang's ``DSATokenToKVPool`` (the latent rows and an FP8
+  indexer-key page buffer per layer with an indexer), pages of :data:`DSA_PAGE_SIZE` tokens, as its ModelRunner
+  builds for an architecture its ModelConfig lists as DSA;
 * MRoPE models: ``forward_batch.mrope_positions`` filled by SGLang's own ``_compute_mrope_positions`` from
   each request's ``MultimodalInputs`` (text-only requests: none).
 
@@ -34,8 +37,10 @@ import torch
 from atom_sglang import compat, contract
 from atom_sglang.compat import ByRelease
 from atom_sglang.latent import SGLangLatentAttention
+from atom_sglang.sparse import SGLangSparseLatentAttention
 
-MAX_CONTEXT = 160
+MAX_CONTEXT = 192
+DSA_PAGE_SIZE = 64  # SGLang's DSA pool asserts 64-token pages on CUDA and CPU
 
 # Where SGLang keeps the multimodal embedding cache's initialiser (_sglang_env.HARNESS has both).
 MM_EMBEDDING_CACHE: ByRelease = ByRelease("the multimodal embedding cache", {
@@ -59,9 +64,12 @@ LINEAR_ATTN_BACKENDS: ByRelease = ByRelease("the ModelRunner's linear-attention 
 
 class SGLangCPUBatch:
     def __init__(self, model, num_requests: int, dtype: torch.dtype = torch.float32, *, backend: str = "torch_native",
-                 page_size: int = 1, latent: tuple[int, int] | None = None):
+                 page_size: int | None = None, latent: tuple[int, int] | None = None):
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
+        host = getattr(model, "atom_host", None)  # None: one of SGLang's own classes
+        sparse = [m for m in host.attention_layers if isinstance(m, SGLangSparseLatentAttention)] if host else []
+        page_size = page_size or (DSA_PAGE_SIZE if sparse else 1)
         assert MAX_CONTEXT % page_size == 0
         self.model = model
         self.num_requests = num_requests
@@ -71,7 +79,6 @@ class SGLangCPUBatch:
         layers = [m for m in model.modules() if isinstance(m, radix)]
         kv = dict(size=num_requests * MAX_CONTEXT, page_size=page_size, dtype=dtype, head_num=layers[0].tp_k_head_num,
                   head_dim=layers[0].head_dim, device="cpu", enable_memory_saver=False)
-        host = getattr(model, "atom_host", None)  # None: one of SGLang's own classes
         self.hybrid = bool(host and host.linear_attention_states)
         if host is not None:
             latent = [(m.kv_lora_rank, m.rope_dim) for m in host.attention_layers if isinstance(m, SGLangLatentAttention)]
@@ -79,6 +86,17 @@ class SGLangCPUBatch:
             latent = [latent] if latent is not None else []
         if self.hybrid:
             self._hybrid_pools(model, kv, [m.layer_id for m in layers])
+        elif sparse:  # what SGLang's ModelRunner builds for a DSA architecture: latent rows + FP8 indexer keys
+            from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, ReqToTokenPool
+
+            self.req_pool = ReqToTokenPool(size=num_requests, max_context_len=MAX_CONTEXT, device="cpu",
+                                           enable_memory_saver=False)
+            row = sparse[0].kv_lora_rank + sparse[0].rope_dim
+            self.kv_pool = DSATokenToKVPool(
+                size=kv["size"], page_size=page_size, kv_lora_rank=sparse[0].kv_lora_rank, dtype=dtype,
+                qk_rope_head_dim=sparse[0].rope_dim, layer_num=len(layers), device="cpu",
+                index_head_dim=sparse[0].sparse.index_head_dim, enable_memory_saver=False, kv_cache_dim=row,
+            )
         elif latent:  # what SGLang's ModelRunner builds for an MLA architecture: one latent row per token
             from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
 

@@ -63,6 +63,11 @@ def reference_missing(arch: str) -> str | None:
     return None
 
 
+# What SGLang's pools need of a tiny checkpoint beyond the catalog's: its DSA pool holds 128-wide indexer keys only.
+TINY_FOR_SGLANG = {arch: {"index_head_dim": 128} for arch, spec in catalog.ARCHITECTURES.items()
+                   if catalog.SPARSE_ATTENTION in spec.capabilities}
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """``arch -> dir`` of a tiny random checkpoint for every catalog architecture atom-sglang serves and the installed
@@ -71,8 +76,8 @@ def tiny_checkpoints(tmp_path_factory):
 
     served, _ = capabilities.plan()
     root = tmp_path_factory.mktemp("tiny")
-    return {arch: str(with_full_attention_interval(make_tiny(arch, root / arch, seed=1))) for arch in served
-            if reference_missing(arch) is None}
+    return {arch: str(with_full_attention_interval(make_tiny(arch, root / arch, seed=1, **TINY_FOR_SGLANG.get(arch, {}))))
+            for arch in served if reference_missing(arch) is None}
 
 
 def _rotates_rotary_dim(config) -> bool:

@@ -36,9 +36,35 @@ ATOL = 1e-4  # fp32 on CPU; measured differences are ~1e-6
 NEEDS_SINKS = {"GptOssForCausalLM"}
 
 
+def fp8_indexer_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' DSA indexer caching its keys as SGLang's DSA pool stores them: FP8 e4m3 with a power-of-two
+    scale per 128 elements (atom_sglang.sparse.quantize_index_keys, checked against SGLang's own quantizer in
+    test_sparse)."""
+    from transformers.cache_utils import Cache
+
+    from atom_sglang.sparse import quantize_index_keys
+
+    update = Cache.update_indexer
+
+    def quantized(self, keys, layer_idx):
+        fp8, scale = quantize_index_keys(keys.reshape(-1, keys.shape[-1]))
+        blocks = fp8.float().view(*scale.shape, -1) * scale[..., None]
+        return update(self, blocks.view(keys.shape).to(keys.dtype), layer_idx)
+
+    monkeypatch.setattr(Cache, "update_indexer", quantized)
+
+
 @torch.inference_mode()
 def reference(arch: str, path: str):
-    """transformers' greedy continuation of each prompt and its logits at every generated position."""
+    """transformers' greedy continuation of each prompt and its logits at every generated position (a DSA model's
+    indexer keys FP8 as in SGLang's pool: :func:`fp8_indexer_keys`)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if catalog.SPARSE_ATTENTION in catalog.get(arch).capabilities:
+            fp8_indexer_keys(monkeypatch)
+        return _reference(arch, path)
+
+
+def _reference(arch: str, path: str):
     hf = catalog.get(arch).hf_model_class().from_pretrained(path, dtype=torch.float32).eval()
     tokens, logits = [], []
     for prompt in PROMPTS:

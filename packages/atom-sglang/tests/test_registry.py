@@ -1,5 +1,5 @@
 """With ATOM's classes forced, SGLang resolves every catalog architecture atom-sglang serves to ATOM's class; one
-it cannot serve yet (DeepSeek-V3.2 and GLM-5: sparse attention) to SGLang's own where the release has one, else to
+it cannot serve (none today: every capability the catalog uses is implemented) to SGLang's own where the release has one, else to
 the class that refuses it with an error (atom_sglang.wrapper.leave_unserved).
 
 The checks run in one fresh interpreter with SGLANG_EXTERNAL_MODEL_PACKAGE set, because SGLang reads

@@ -57,9 +57,11 @@ EXTENSIONS: dict[str, Extension] = {
         "no decode context parallelism"
     ),
     SPARSE_ATTENTION: Extension(
-        "SGLangHost.attention(mla=LatentAttentionSpec(sparse=...)): the indexer-key pool beside SGLang's latent "
-        "KV pool and its NSA attention backend reading the indexer's top-k (GPU kernels; not tried on a CPU host)",
-        implemented=False,
+        "SGLangHost.attention(mla=LatentAttentionSpec(sparse=...)) (atom_sglang.sparse): SGLang's DSA KV pool (its "
+        "ModelConfig lists the architecture as DSA) holding each token's latent row and its FP8 indexer key; every "
+        "step runs atom-kernels' indexer_scores / topk_indices / sparse_mla over those pools through req_to_token "
+        "(SGLang's attention backend is not called for these layers); an unpooled index (index_kpool 1), a bf16/fp32 "
+        "latent, no decode context parallelism, no speculative decoding, no CUDA graphs"
     ),
     "pipeline-parallel": Extension(
         "models built for a [start_layer, end_layer) slice with start_layer/end_layer attributes, PPProxyTensors "

@@ -275,6 +275,14 @@ def attention_backend() -> Any:
     return get_attn_backend()
 
 
+def kv_pools() -> tuple[Any, Any]:
+    """(the token-to-KV pool, ``req_to_token`` ``[rows, max_context]``) of the running forward, from SGLang's forward
+    context (the attention backend holds both)."""
+    from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
+
+    return get_token_to_kv_pool(), get_req_to_token_pool().req_to_token
+
+
 def linear_attention_backend() -> Any:
     """The linear half of SGLang's ``HybridLinearAttnBackend`` (its ``forward_metadata`` holds the step's
     mamba slots), or a RuntimeError when SGLang did not set one up for this model."""

@@ -2,7 +2,8 @@
 
 * ``attention`` -> SGLang's :class:`RadixAttention` (its KV cache, its attention backend), wrapped so the
   model calls it as ``attn(q, k, v)``; latent attention (``mla=``) gets one in the absorbed form over SGLang's
-  latent KV pool (:mod:`atom_sglang.latent`);
+  latent KV pool (:mod:`atom_sglang.latent`), sparse latent attention one over SGLang's DSA pool
+  (:mod:`atom_sglang.sparse`);
 * ``linear_attention_state`` -> the layer's slots in SGLang's mamba state pool (hybrid models; see
   :mod:`atom_sglang.linear_attention`);
 * ``tp`` -> SGLang's tensor-parallel group;
@@ -26,6 +27,7 @@ from atom_core.errors import UnsupportedConfigError
 from atom_sglang import compat
 from atom_sglang.latent import SGLangLatentAttention, latent_attention
 from atom_sglang.linear_attention import SGLangLinearAttentionState
+from atom_sglang.sparse import sparse_latent_attention
 
 
 class SGLangTP:
@@ -106,6 +108,7 @@ class SGLangHost:
         self.layer_offset = layer_offset
         self.quant = quant
         self.forward_batch: Any = None  # published by the wrapper around each forward
+        self.sparse_selection: tuple[Any, torch.Tensor] | None = None  # (ForwardBatch, its top-k) of the last indexer
         self.attention_sinks_dtype = torch.float32  # its attention backends read sinks in fp32
         self.attention_layers: list[SGLangAttention | SGLangLatentAttention] = []
         self.linear_attention_states: list[SGLangLinearAttentionState] = []
@@ -114,11 +117,8 @@ class SGLangHost:
                   *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
         layer_id -= self.layer_offset
         if mla is not None:
-            if mla.sparse is not None:  # never silently dense: the capability is not implemented here
-                raise UnsupportedConfigError(f"{prefix}: DeepSeek sparse attention (index_topk) is not implemented "
-                                             "in atom-sglang")
-            layer = latent_attention(self, prefix, layer_id, num_heads, scale, mla, sliding_window=sliding_window,
-                                     sinks=sinks)
+            build = latent_attention if mla.sparse is None else sparse_latent_attention
+            layer = build(self, prefix, layer_id, num_heads, scale, mla, sliding_window=sliding_window, sinks=sinks)
             self.attention_layers.append(layer)
             return layer
         radix = compat.radix_attention_class()(

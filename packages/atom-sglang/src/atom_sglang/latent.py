@@ -92,7 +92,8 @@ class SGLangLatentAttention(nn.Module):
             for name, param in list(proj.named_parameters(recurse=False)):
                 setattr(proj, name, nn.Parameter(param.data.new_empty(0), requires_grad=False))
 
-    def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+    def _forward_batch(self) -> Any:
+        """The step's ForwardBatch, with the absorbed weights ready (else a RuntimeError saying which)."""
         forward_batch = self._host[0].forward_batch
         layer_id = self.attn.layer_id
         if forward_batch is None:
@@ -100,17 +101,29 @@ class SGLangLatentAttention(nn.Module):
                                "through its SGLang wrapper's forward, which publishes it")
         if self.w_uk is None:
             raise RuntimeError(f"latent attention layer {layer_id} used before its weights were loaded")
-        check_backend(compat.attention_backend(), layer_id)
+        return forward_batch
+
+    def absorb(self, q: torch.Tensor) -> torch.Tensor:
+        """``[T, H * (nope + rope)]`` -> ``[T, H, kv_lora_rank + rope]``: ``q_nope W_UK`` then ``q_pe``."""
         tokens, heads = q.shape[0], self.num_heads
         q_nope, q_pe = q.view(tokens, heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
         q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk.to(q.dtype)).transpose(0, 1)  # [T, H, kv_lora_rank]
-        q_abs = torch.cat([q_latent, q_pe], dim=-1)  # [T, H, kv_lora_rank + rope]
-        latent = torch.cat([kv_c, k_pe], dim=-1)  # [T, kv_lora_rank + rope]: the pool's row
-        out = self.attn(q_abs.reshape(tokens, -1), latent, kv_c.contiguous(), forward_batch)
-        out = out.view(tokens, heads, self.kv_lora_rank).transpose(0, 1)  # [H, T, kv_lora_rank]
-        out = torch.bmm(out, self.w_uv.to(q.dtype).transpose(1, 2))  # [H, T, v]
+        return torch.cat([q_latent, q_pe], dim=-1)
+
+    def expand(self, out: torch.Tensor) -> torch.Tensor:
+        """``[T, H, kv_lora_rank]`` attention over the latents -> ``[T, H * v_head_dim]`` (``W_UV`` applied)."""
+        tokens, heads = out.shape[0], self.num_heads
+        out = torch.bmm(out.transpose(0, 1), self.w_uv.to(out.dtype).transpose(1, 2))  # [H, T, v]
         return out.transpose(0, 1).reshape(tokens, heads * self.v_dim)
 
+    def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        forward_batch = self._forward_batch()
+        check_backend(compat.attention_backend(), self.attn.layer_id)
+        tokens, heads = q.shape[0], self.num_heads
+        q_abs = self.absorb(q)  # [T, H, kv_lora_rank + rope]
+        latent = torch.cat([kv_c, k_pe], dim=-1)  # [T, kv_lora_rank + rope]: the pool's row
+        out = self.attn(q_abs.reshape(tokens, -1), latent, kv_c.contiguous(), forward_batch)
+        return self.expand(out.view(tokens, heads, self.kv_lora_rank))
 
 def latent_attention(host: SGLangHost, prefix: str, layer_id: int, num_heads: int, scale: float,
                      mla: LatentAttentionSpec, *, sliding_window: int | None = None,
