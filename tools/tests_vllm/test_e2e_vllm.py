@@ -80,10 +80,13 @@ class FakeEngine:
     def __init__(self, impl, job, workdir):
         self.impl, self.ready = impl, {"module": f"{impl}.models", "startup_s": 1.0}
         FakeEngine.jobs.append((impl, job["attention_backend"]))
+        self.drafting = job.get("speculative_config")
 
     def request(self, op, **kw):
         if op == "agreement":
             return [{"tokens": [1, 2], "logprobs": [-1.0, -1.0], "prompt_logprobs": [-2.0]}]
+        if op == "acceptance":
+            return {"draft_tokens": 10, "accepted_tokens": 9, "acceptance": 0.9, "config": self.drafting}
         if kw["batch"] == self.fail_batch:
             raise RuntimeError("engine gone")
         return kw["batch"] / 1000 * (1 if kw["max_tokens"] == 1 else 4)
@@ -140,8 +143,31 @@ def test_attention_backends_run_each_implementation_once_per_backend(monkeypatch
     assert "agreement" not in entry
 
 
+def test_speculative_runs_each_implementation_again_with_drafts(monkeypatch, tmp_path):
+    """``--speculative 2``: beside each engine the same implementation drafting 2 tokens (``+mtp``) on the same
+    checkpoint; only those engines get the speculative config, each reports its acceptance, and each is compared
+    with the same engine without drafts."""
+    monkeypatch.setattr(bench, "EngineProcess", FakeEngine)
+    monkeypatch.setattr(FakeEngine, "jobs", [])
+    args = bench.argparse.Namespace(max_num_batched_tokens=64, gpu_memory_utilization=0.2, profile=False,
+                                    traces_out=None, reference=False, prompt_len=4, output_len=5, repeats=1,
+                                    speculative=2)
+    impls = ["vllm", "atom", "vllm+mtp", "atom+mtp"]
+    entry = {"model": "m"}
+    bench.compare(entry, tmp_path / "ckpt", impls, [2], args, {}, [[5, 6]], lambda: None)
+    assert [impl for impl, _ in FakeEngine.jobs] == impls
+    mtp = {"method": "mtp", "num_speculative_tokens": 2}
+    assert {i: r.get("speculative", {}).get("config") for i, r in entry["impls"].items()} == {
+        "vllm": None, "atom": None, "vllm+mtp": mtp, "atom+mtp": mtp}
+    assert sorted(entry["agreement_with_plain"]) == ["atom+mtp", "vllm+mtp"]
+    assert entry["agreement_with_plain"]["atom+mtp"]["identical_greedy"] == 1
+    assert entry["agreement"]["identical_greedy"] == 1  # ATOM's plain engine against vLLM's, as without drafts
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--models", "qwen3-9b"], "unknown model, implementation or format: qwen3-9b"),
+    (["--models", "deepseek-v3,qwen3-8b", "--speculative", "2"], "--speculative: no draft for qwen3-8b"),
+    (["--models", "deepseek-v3", "--formats", "fp8-block", "--speculative", "2"], "bf16 checkpoints only"),
     (["--formats", "int3"], "unknown model, implementation or format: int3"),
     (["--checkpoint", "smol=/nonexistent"], "--checkpoint: no config.json in /nonexistent"),
     (["--attention-backends", "default,flash"], "--attention-backends: flash is not a vLLM backend name"),

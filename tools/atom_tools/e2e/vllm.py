@@ -33,6 +33,11 @@ backend (``--attention-backend``; ``default`` is vLLM's own choice, ``CUSTOM`` A
 :mod:`atom_vllm.attention_backend`): the engines are then named ``IMPL@BACKEND`` (``IMPL`` alone for ``default``),
 each records the backends its attention layers were built with, and agreement and the speed ratios are stated
 against the first engine.  ATOM's backend is registered by ATOM's plugin, so ``vllm@CUSTOM`` is not a combination.
+
+``--speculative N`` runs each engine a second time drafting ``N`` tokens with the model's own draft (DeepSeek-V3: an
+MTP layer added to the random checkpoint, its target made to agree with it; :mod:`atom_tools.e2e.drafts`), named
+``ENGINE+mtp``: the speed-up of drafting per implementation, the drafts' acceptance, and the drafting engines'
+greedy agreement with the same engine without drafts.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ import sys
 import time
 from pathlib import Path
 
-from atom_tools.e2e import driver
+from atom_tools.e2e import drafts, driver
 from atom_tools.e2e.driver import AGREEMENT_TOKENS, checkpoint_prompt_vocab, compare_agreement, random_prompts, spread
 
 # Engine arguments a model needs, given to both implementations.  vLLM's own Qwen3-Next and Qwen3.5 take
@@ -84,7 +89,7 @@ def engine_name(impl: str, backend: str) -> str:
 
 
 def engine_impl(name: str) -> str:
-    return name.split("@", 1)[0]
+    return drafts.engine_parts(name)[0]
 
 
 class Engine:
@@ -104,6 +109,8 @@ class Engine:
                                                       ignore_frontend=True)
         if job.get("attention_backend"):
             extra["attention_backend"] = job["attention_backend"]
+        if job.get("speculative_config"):  # LLM.get_metrics reads the draft counters only with stats kept
+            extra |= {"speculative_config": job["speculative_config"], "disable_log_stats": False}
         began = time.perf_counter()
         self.llm = LLM(model=job["model_dir"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
                        max_num_batched_tokens=job["max_num_batched_tokens"],
@@ -134,6 +141,14 @@ class Engine:
 
     def timed(self, batch: int, prompt_len: int, max_tokens: int, seed: int) -> float:
         return self.generate(random_prompts(self.vocab, batch, prompt_len, seed), max_tokens)[1]
+
+    def acceptance(self) -> dict:
+        """Draft tokens proposed and accepted over every request this engine ran."""
+        counters: dict[str, float] = {}
+        for metric in self.llm.get_metrics():
+            if "spec_decode_num" in metric.name and hasattr(metric, "value"):
+                counters[metric.name] = counters.get(metric.name, 0) + metric.value
+        return drafts.acceptance(counters)
 
     def profiled(self, batch: int, prompt_len: int, max_tokens: int) -> float:
         """vLLM's profiler runs once per engine, over one run."""
@@ -310,10 +325,11 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
     try:
         for impl in impls:  # one at a time: each engine's memory profiling must see the other's memory settled
             profile_dirs[impl] = workdir / f"profile-{model_dir.name}-{impl}"
-            backend = impl.split("@", 1)[1] if "@" in impl else None
+            _, backend, method = drafts.engine_parts(impl)
             job = {"model_dir": str(model_dir), "max_num_batched_tokens": args.max_num_batched_tokens,
                    "gpu_memory_utilization": args.gpu_memory_utilization, "engine_args": engine_args,
                    "agreement_prompts": prompts, "attention_backend": backend,
+                   "speculative_config": drafts.speculative_config(method, args.speculative) if method else None,
                    "profile_dir": str(profile_dirs[impl]) if args.profile else None}
             engine = EngineProcess(impl, job, workdir)
             engines.append(engine)
@@ -327,11 +343,18 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
         others = [i for i in impls[1:] if {first, i} != {"vllm", "atom"}]
         if others:
             entry["agreement_with_first"] = {i: compare_agreement(agreement[first], agreement[i]) for i in others}
+        drafting = {i: i.partition("+")[0] for i in impls if drafts.engine_parts(i)[2] and i.partition("+")[0] in agreement}
+        if drafting:  # greedy decoding with drafts gives the tokens of the same engine without them
+            entry["agreement_with_plain"] = {i: compare_agreement(agreement[p], agreement[i]) for i, p in drafting.items()}
         save()
         for batch in batches:
             for impl, runs in timed_runs(engines, [batch], args).items():
                 entry["impls"][impl]["batches"][str(batch)] = summarize(runs, batch, args.output_len)
             save()
+        for engine in engines:
+            if drafts.engine_parts(engine.impl)[2]:
+                entry["impls"][engine.impl]["speculative"] = engine.request("acceptance")
+        save()
         profiled = ({e.impl: e.request("profiled", batch=batches[0], prompt_len=args.profile_prompt_len,
                                        max_tokens=args.profile_output_len) for e in engines} if args.profile else {})
     finally:
@@ -369,6 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces-out", default=None, help="keep the profiler traces in this directory")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="each engine's share of GPU memory (default: 0.85 split evenly between the engines)")
+    parser.add_argument("--speculative", type=int, default=0, metavar="N",
+                        help="also run each implementation drafting N tokens with the model's own draft, its target "
+                             "made to agree with it (DeepSeek-V3: an MTP layer; atom_tools.e2e.drafts)")
+    parser.add_argument("--draft-agreeing", type=float, default=0.0,
+                        help="with --speculative: how much the target reads its context (0: the draft is always "
+                             "right; larger: accepted less often)")
     args = driver.parse(parser, argv, IMPLS)
     backends = [b for b in args.attention_backends.split(",") if b]
     bad_backends = [b for b in backends if b != "default" and not (b.isidentifier() and b.isupper())]
@@ -378,19 +407,31 @@ def main(argv: list[str] | None = None) -> int:
     if "vllm" in args.impl_list and "CUSTOM" in backends:
         parser.error("--attention-backends CUSTOM needs ATOM's plugin, which --impls vllm turns off: use --impls atom")
     impls = [engine_name(i, b) for i in args.impl_list for b in backends]
+    if args.speculative:
+        archs = {name: driver.MODELS[name][0] for name in args.names}
+        archs |= {name: json.loads((Path(d) / "config.json").read_text())["architectures"][0]
+                  for name, d in args.real.items()}
+        if why := drafts.refusal(archs, args.format_list):
+            parser.error(why)
+    engine_count = len(impls) * (2 if args.speculative else 1)
 
     import torch
     import vllm
 
-    args.gpu_memory_utilization = args.gpu_memory_utilization or round(0.85 / len(impls), 2)
+    args.gpu_memory_utilization = args.gpu_memory_utilization or round(0.85 / engine_count, 2)
     report = driver.new_report(args, torch.cuda.get_device_name(), {"vllm": vllm.__version__}, {
         "dtype": "bfloat16", "max_num_batched_tokens": args.max_num_batched_tokens, "attention_backends": backends,
         "gpu_memory_utilization": args.gpu_memory_utilization,
+        "speculative_tokens": args.speculative, "draft_agreeing": args.draft_agreeing if args.speculative else None,
         "engine": "LLM.generate, vLLM defaults (CUDA graphs + torch.compile), ignore_eos",
         "protocol": "engines alive together, timed runs alternated, order swapped every repeat"})
 
     def compare_one(entry: dict, model_dir: Path, prompts: list[list[int]], save) -> dict:
-        return compare(entry, model_dir, impls, args.batch_list, args, ENGINE_ARGS.get(entry["model"], {}), prompts,
+        engines = impls
+        if args.speculative:  # the same checkpoint, with its draft, for the plain engines and the drafting ones
+            model_dir, method = drafts.with_draft(entry["arch"], model_dir, args.draft_agreeing)
+            engines = impls + [drafts.drafting_name(i, method) for i in impls]
+        return compare(entry, model_dir, engines, args.batch_list, args, ENGINE_ARGS.get(entry["model"], {}), prompts,
                        save)
 
     driver.run(args, report, compare_one, given_format="real weights")
@@ -431,6 +472,14 @@ def print_table(report: dict) -> None:
             print(f"{label}: {other} / {first} tok/s per batch " + " / ".join(f"{r:.2f}" for r in ratios))
         for other, agreement in entry.get("agreement_with_first", {}).items():
             print(f"{label}: agreement {other} vs {first} {agreement}")
+        for name, result in entry["impls"].items():
+            plain = name.partition("+")[0]
+            if "speculative" in result and plain in entry["impls"]:
+                ratios = [result["batches"][b]["output_tok_per_s"]["median"]
+                          / entry["impls"][plain]["batches"][b]["output_tok_per_s"]["median"]
+                          for b in result["batches"] if b in entry["impls"][plain]["batches"]]
+                print(f"{label}: {name} / {plain} tok/s per batch " + " / ".join(f"{r:.2f}" for r in ratios)
+                      + f"; drafts accepted {result['speculative']}")
 
 
 if __name__ == "__main__":

@@ -187,6 +187,9 @@ def add_mtp_layer(src: str | Path, dst: str | Path, *, seed: int = 0, agreeing: 
                 mtp[name] = torch.zeros_like(mtp[name])
         mtp[f"{layer}enorm.weight"] = torch.ones(hidden)
         mtp[f"{layer}eh_proj.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+    dtype = tensors["model.norm.weight"].dtype  # the new tensors in the checkpoint's own precision
+    for name in ("enorm.weight", "hnorm.weight", "eh_proj.weight"):
+        mtp[layer + name] = mtp[layer + name].to(dtype)
     return _write_with_mtp(src, dst, config, {**tensors, **mtp}, "atom_core.tiny.add_mtp_layer")
 
 
