@@ -2,22 +2,21 @@
 
 Two peft adapters of a tiny Qwen3 (random A *and* B: peft starts B at zero) and a prompt without one, in one
 ``sglang.Engine.generate`` batch (scheduler, ModelRunner, SGLang's LoRA manager, memory pool and torch-native LoRA
-backend): each prompt's greedy tokens equal transformers + peft with its adapter (the third the base model); then
-a third adapter in a second batch, which SGLang loads into an evicted slot.
+backend): each prompt's greedy tokens equal transformers + peft with its adapter (the third the base model) and
+SGLang's own Qwen3 with the same adapters; then a third adapter in a second batch, which SGLang loads into an evicted
+slot.
 
-Two things of SGLang 0.5.23 do not run on this GPU-less machine, whatever the model class:
-- its torch-native LoRA backend pins its per-batch host tensors (``Tensor.pin_memory()``, ``pin_memory=True``),
-  which SGLang's CUDA build of torch refuses without an NVIDIA driver: the engine's processes run with
-  ``_no_pinning/sitecustomize.py``, which makes pinning a no-op when CUDA is unavailable (pinning only speeds up
-  host-to-device copies; there is no device here);
-- SGLang's own Qwen3 (its ``RotaryEmbedding`` imports ``vllm._custom_ops`` on the CPU), so the comparison with
-  SGLang's own class and the same adapters is not made here.
+The engines' processes run with ``_cpu_engine/sitecustomize.py``: SGLang 0.5.23's engine pins host memory in its
+torch-native LoRA backend, which its CUDA build of torch refuses without an NVIDIA driver (pinning becomes a no-op
+there), and SGLang's own rotary embedding takes a CUDA kernel on a CPU it does not recognise (its torch path is
+chosen).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,7 +36,7 @@ ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 DENSE = [*ATTENTION, "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 99, 3, 200, 41, 7], [11, 300, 8], [42, 7, 19, 250]]
 NEW_TOKENS = 5
-NO_PINNING = Path(__file__).parent / "_no_pinning"
+CPU_ENGINE = Path(__file__).parent / "_cpu_engine"
 
 ENGINE = """
 import json
@@ -104,8 +103,12 @@ def test_engine_two_adapters_and_none_in_one_batch(tiny_checkpoints, tmp_path):
         "third": make_adapter(model_dir, tmp_path / "third", DENSE, seed=3, r=2, alpha=4),
     }
     batches = [(PROMPTS, ["first", "second", None]), (PROMPTS[:2], ["third", None])]
-    pythonpath = os.pathsep.join(p for p in (str(NO_PINNING), os.environ.get("PYTHONPATH")) if p)
-    got = run_fresh(ENGINE % json.dumps([model_dir, adapters, batches, NEW_TOKENS]), env={"PYTHONPATH": pythonpath})
+    pythonpath = os.pathsep.join(p for p in (str(CPU_ENGINE), os.environ.get("PYTHONPATH")) if p)
+    code = ENGINE % json.dumps([model_dir, adapters, batches, NEW_TOKENS])
+    with ThreadPoolExecutor(2) as pool:  # ATOM's class and SGLang's own (no external model package), side by side
+        runs = [pool.submit(run_fresh, code, env={"PYTHONPATH": pythonpath}, **own)
+                for own in ({}, {"external_package": None})]
+        got, own = (run.result() for run in runs)
     want = [
         [peft_greedy(model_dir, adapters[name] if name else None, prompt) for prompt, name in zip(prompts, names)]
         for prompts, names in batches
@@ -115,6 +118,7 @@ def test_engine_two_adapters_and_none_in_one_batch(tiny_checkpoints, tmp_path):
     assert want[0][1] != peft_greedy(model_dir, None, PROMPTS[1])
     assert want[1][0] not in (peft_greedy(model_dir, None, PROMPTS[0]), want[0][0])
     assert got == want
+    assert own == want
 
 
 def test_lora_refused_elsewhere(cpu_runtime, tiny_checkpoints, monkeypatch):
