@@ -19,6 +19,7 @@ def test_engine_names_carry_backend_and_draft_method():
     assert drafts.engine_parts("vllm@FLASH_ATTN") == ("vllm", "FLASH_ATTN", None)
     assert drafts.engine_parts(drafts.drafting_name("atom@CUSTOM", "mtp")) == ("atom", "CUSTOM", "mtp")
     assert drafts.engine_parts("vllm+mtp") == ("vllm", None, "mtp")
+    assert drafts.plain_name("vllm@FLASH_ATTN+mtp") == "vllm@FLASH_ATTN" and drafts.plain_name("atom") == "atom"
 
 
 def test_models_without_a_draft_and_quantized_formats_are_refused():

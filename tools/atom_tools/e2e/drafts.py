@@ -33,6 +33,11 @@ def drafting_name(name: str, method: str) -> str:
     return f"{name}+{method}"
 
 
+def plain_name(name: str) -> str:
+    """The engine a drafting engine ``NAME+METHOD`` is compared with: ``NAME`` (a plain name is its own)."""
+    return name.partition("+")[0]
+
+
 def refusal(archs: dict[str, str], formats: list[str]) -> str | None:
     """Why ``--speculative`` cannot run these models (name -> architecture) in these formats, or None."""
     missing = [name for name, arch in archs.items() if arch not in DRAFT_METHODS]

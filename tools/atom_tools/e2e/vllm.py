@@ -343,7 +343,7 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
         others = [i for i in impls[1:] if {first, i} != {"vllm", "atom"}]
         if others:
             entry["agreement_with_first"] = {i: compare_agreement(agreement[first], agreement[i]) for i in others}
-        drafting = {i: i.partition("+")[0] for i in impls if drafts.engine_parts(i)[2] and i.partition("+")[0] in agreement}
+        drafting = {i: drafts.plain_name(i) for i in impls if drafts.engine_parts(i)[2] and drafts.plain_name(i) in agreement}
         if drafting:  # greedy decoding with drafts gives the tokens of the same engine without them
             entry["agreement_with_plain"] = {i: compare_agreement(agreement[p], agreement[i]) for i, p in drafting.items()}
         save()
@@ -473,7 +473,7 @@ def print_table(report: dict) -> None:
         for other, agreement in entry.get("agreement_with_first", {}).items():
             print(f"{label}: agreement {other} vs {first} {agreement}")
         for name, result in entry["impls"].items():
-            plain = name.partition("+")[0]
+            plain = drafts.plain_name(name)
             if "speculative" in result and plain in entry["impls"]:
                 ratios = [result["batches"][b]["output_tok_per_s"]["median"]
                           / entry["impls"][plain]["batches"][b]["output_tok_per_s"]["median"]

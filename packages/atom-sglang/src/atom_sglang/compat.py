@@ -184,6 +184,19 @@ def tp_group() -> Any:
     return parallel().tp_group
 
 
+def check_buildable(name: str) -> None:
+    """Before an ATOM class (target or draft) ``name`` is built: atom-sglang's requirements, the SGLang release, and a
+    parallel layout ATOM's models can hold (else a one-line error naming ``name``)."""
+    from atom_core.errors import UnsupportedConfigError
+    from atom_core.versions import check_requirements
+
+    check_requirements("atom-sglang")
+    check_version()
+    reason = unsupported_parallelism()
+    if reason is not None:
+        raise UnsupportedConfigError(f"{name}: {reason}")
+
+
 def unsupported_parallelism() -> str | None:
     """Why the running SGLang's parallel layout cannot host an ATOM model (None when it can).
 

@@ -37,7 +37,6 @@ from atom_core.config import DecoderConfig, load_hf_config, text_config
 from atom_core.errors import UnsupportedConfigError
 from atom_core.loader import Checkpoint
 from atom_core.models.llama import LlamaForCausalLM
-from atom_core.versions import check_requirements
 from atom_sglang import compat
 from atom_sglang.host import SGLangHost
 from atom_sglang.prefill_graph import layer_model
@@ -119,11 +118,7 @@ class SGLangDraft(nn.Module):
 
     def __init__(self, config: Any, quant_config: Any = None, prefix: str = ""):
         name = type(self).__name__
-        check_requirements("atom-sglang")
-        compat.check_version()
-        reason = compat.unsupported_parallelism()
-        if reason is not None:
-            raise UnsupportedConfigError(f"{name}: {reason}")
+        compat.check_buildable(name)
         kwargs: dict[str, Any] = {}
         layer_offset = 0
         if self.atom_spec.method == EAGLE3:

@@ -17,6 +17,7 @@ ATOM linear layers (MoE experts, embeddings, the LM head): :func:`hidden_dims` a
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -60,18 +61,9 @@ class BatchTokens:
         return None if info is None else info.scalings.float()[self._slots(info)]
 
 
+@functools.cache
 def wrapper_class() -> type:
     """``AtomLinearWithLoRA``, built on first use (it subclasses SGLang's ``BaseLayerWithLoRA``)."""
-    global _wrapper
-    if _wrapper is None:
-        _wrapper = _build_wrapper()
-    return _wrapper
-
-
-_wrapper: type | None = None
-
-
-def _build_wrapper() -> type:
     base = compat.lora_layer_base()
 
     class AtomLinearWithLoRA(base):

@@ -32,7 +32,6 @@ from atom_core.catalog import ArchSpec
 from atom_core.config import text_config
 from atom_core.env import env_take_over
 from atom_core.errors import UnsupportedConfigError
-from atom_core.versions import check_requirements
 from atom_sglang import capabilities, compat, drafts, lora
 from atom_sglang.host import SGLangHost
 from atom_sglang.linear_attention import check_state_plan
@@ -51,11 +50,7 @@ class SGLangCausalLM(nn.Module):
 
     def __init__(self, config: Any, quant_config: Any = None, prefix: str = ""):
         name = type(self).__name__
-        check_requirements("atom-sglang")
-        compat.check_version()
-        reason = compat.unsupported_parallelism()
-        if reason is not None:
-            raise UnsupportedConfigError(f"{name}: {reason}")
+        compat.check_buildable(name)
         lora.prepare(name)  # with LoRA on: SGLang's manager wraps ATOM's linear layers (or a one-line refusal)
         # SGLang's quant_config configures SGLang's layers; ATOM's layers read the checkpoint's
         # quantization_config with ATOM's own schemes.

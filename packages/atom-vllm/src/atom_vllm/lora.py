@@ -14,6 +14,7 @@ checked (:data:`atom_vllm.compat.LORA_INTERNALS_CHECKED`) and ``fully_sharded_lo
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from atom_core.errors import UnsupportedConfigError
@@ -39,18 +40,9 @@ class PunicaTokens:
         return None if self.punica_wrapper is None else self.punica_wrapper.token_lora_indices
 
 
+@functools.cache
 def wrapper_class() -> type:
     """``AtomLinearWithLoRA``, built on first use (it subclasses vLLM's ``BaseLayerWithLoRA``)."""
-    global _wrapper
-    if _wrapper is None:
-        _wrapper = _build_wrapper()
-    return _wrapper
-
-
-_wrapper: type | None = None
-
-
-def _build_wrapper() -> type:
     from vllm.lora.layers import BaseLayerWithLoRA
 
     class AtomLinearWithLoRA(BaseLayerWithLoRA):
