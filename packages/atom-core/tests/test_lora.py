@@ -20,6 +20,7 @@ from atom_core.lora import load_adapter, parse_lora_option
 from atom_core.quant.quantize import quantize_checkpoint
 from atom_core.runtime.runner import Runner
 from atom_core.runtime.sampler import SamplingParams
+from atom_core.tiny import random_lora_adapter
 
 peft = pytest.importorskip("peft")
 
@@ -32,14 +33,8 @@ def make_adapter(model_dir: str, out, targets: list[str], *, seed: int, r: int =
                  rslora: bool = False, base=None):
     """A peft adapter of ``model_dir`` (or of the transformers model ``base``) with random A and B, saved at
     ``out``; returns (dir, the peft model)."""
-    model = peft.get_peft_model(base if base is not None else hf_model(model_dir), peft.LoraConfig(
-        r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, use_rslora=rslora))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
-    model.save_pretrained(out)
+    model = random_lora_adapter(base if base is not None else hf_model(model_dir), out, targets, seed=seed, r=r,
+                                alpha=alpha, rslora=rslora)
     return str(out), model.eval()
 
 

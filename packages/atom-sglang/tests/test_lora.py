@@ -27,6 +27,7 @@ from test_construct import load_with_sglang
 
 from atom_core import catalog
 from atom_core.errors import UnsupportedConfigError
+from atom_core.tiny import random_lora_adapter
 from atom_sglang import compat, lora
 
 pytestmark = pytest.mark.sglang
@@ -58,22 +59,20 @@ print(json.dumps([[out["output_ids"] for out in batch] for batch in outputs]))
 """
 
 
+def engine_tokens(model_dir: str, adapters: dict[str, str], batches: list, *, own: bool = False) -> list:
+    """Greedy output ids of each batch through ``sglang.Engine`` with ``adapters`` loaded: ATOM's class, or with
+    ``own`` SGLang's own (no external model package); the processes run with ``_cpu_engine``'s sitecustomize."""
+    pythonpath = os.pathsep.join(p for p in (str(CPU_ENGINE), os.environ.get("PYTHONPATH")) if p)
+    return run_fresh(ENGINE % json.dumps([model_dir, adapters, batches, NEW_TOKENS]), env={"PYTHONPATH": pythonpath},
+                     **({"external_package": None} if own else {}))
+
+
 def hf_model(model_dir: str, arch: str = ARCH):
     return catalog.get(arch).hf_model_class().from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 def make_adapter(model_dir: str, out: Path, targets: list[str], *, seed: int, r: int, alpha: int, arch: str = ARCH) -> str:
-    import peft
-
-    model = peft.get_peft_model(
-        hf_model(model_dir, arch), peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0)
-    )
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
-    model.save_pretrained(out)
+    random_lora_adapter(hf_model(model_dir, arch), out, targets, seed=seed, r=r, alpha=alpha)
     return str(out)
 
 
@@ -103,11 +102,8 @@ def test_engine_two_adapters_and_none_in_one_batch(tiny_checkpoints, tmp_path):
         "third": make_adapter(model_dir, tmp_path / "third", DENSE, seed=3, r=2, alpha=4),
     }
     batches = [(PROMPTS, ["first", "second", None]), (PROMPTS[:2], ["third", None])]
-    pythonpath = os.pathsep.join(p for p in (str(CPU_ENGINE), os.environ.get("PYTHONPATH")) if p)
-    code = ENGINE % json.dumps([model_dir, adapters, batches, NEW_TOKENS])
-    with ThreadPoolExecutor(2) as pool:  # ATOM's class and SGLang's own (no external model package), side by side
-        runs = [pool.submit(run_fresh, code, env={"PYTHONPATH": pythonpath}, **own)
-                for own in ({}, {"external_package": None})]
+    with ThreadPoolExecutor(2) as pool:  # ATOM's class and SGLang's own, side by side
+        runs = [pool.submit(engine_tokens, model_dir, adapters, batches, own=own) for own in (False, True)]
         got, own = (run.result() for run in runs)
     want = [
         [peft_greedy(model_dir, adapters[name] if name else None, prompt) for prompt, name in zip(prompts, names)]
@@ -131,10 +127,7 @@ def test_engine_attention_adapter_on_a_moe_model(tiny_checkpoints, tmp_path):
         pytest.skip("ATOM's class refuses LoRA here, or does not serve Qwen3-MoE")
     model_dir = tiny_checkpoints[arch]
     adapters = {"attention": make_adapter(model_dir, tmp_path / "attention", ATTENTION, seed=4, r=4, alpha=8, arch=arch)}
-    batches = [(PROMPTS[:2], ["attention", None])]
-    pythonpath = os.pathsep.join(p for p in (str(CPU_ENGINE), os.environ.get("PYTHONPATH")) if p)
-    code = ENGINE % json.dumps([model_dir, adapters, batches, NEW_TOKENS])
-    got = run_fresh(code, env={"PYTHONPATH": pythonpath})
+    got = engine_tokens(model_dir, adapters, [(PROMPTS[:2], ["attention", None])])
     want = [[peft_greedy(model_dir, adapters["attention"], PROMPTS[0], arch), peft_greedy(model_dir, None, PROMPTS[1], arch)]]
     assert want[0][0] != peft_greedy(model_dir, None, PROMPTS[0], arch)
     assert got == want

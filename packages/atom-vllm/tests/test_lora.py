@@ -15,6 +15,7 @@ from test_generate import ENGINE_ENV, TIE_GAP
 from test_plugin import assert_served_by_atom
 
 from atom_core import catalog
+from atom_core.tiny import random_lora_adapter
 from atom_vllm import compat
 
 pytestmark = pytest.mark.generate
@@ -31,16 +32,8 @@ def hf_model(model_dir: str):
 
 
 def make_adapter(model_dir: str, out, targets: list[str], *, seed: int, r: int, alpha: int, rslora: bool = False) -> str:
-    import peft  # installed by the sessions with the generate check only
-
-    model = peft.get_peft_model(hf_model(model_dir), peft.LoraConfig(
-        r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, use_rslora=rslora))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
-    model.save_pretrained(out)
+    """peft (installed by the sessions with the generate check only) adapter with random A and B."""
+    random_lora_adapter(hf_model(model_dir), out, targets, seed=seed, r=r, alpha=alpha, rslora=rslora)
     return str(out)
 
 

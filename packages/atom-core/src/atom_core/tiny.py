@@ -250,6 +250,23 @@ def _write_with_mtp(src: Path, dst: Path, config: dict, tensors: dict, writer: s
     return dst
 
 
+def random_lora_adapter(base, out: str | Path, targets: list[str], *, seed: int, r: int, alpha: int,
+                        rslora: bool = False):
+    """A peft LoRA adapter of the transformers model ``base`` on ``targets``, saved at ``out``, with random A **and**
+    B (peft starts B at zero, which would make every adapter the base model); returns the peft model.  Needs peft."""
+    import peft
+
+    model = peft.get_peft_model(base, peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0,
+                                                      use_rslora=rslora))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    model.save_pretrained(out)
+    return model
+
+
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"  # as EAGLE-3 checkpoints' config.json spell it
 
 
