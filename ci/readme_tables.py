@@ -255,15 +255,20 @@ def _gpt_oss_moe_rows() -> list[str]:
     return out
 
 
-def _e2e_runs() -> list[tuple[str, dict]]:
-    """(file name, report) of the ``python -m atom_tools.e2e.vllm`` reports: all of the newest H200 folder holding one,
-    then from older folders the models (model, weight format) no newer folder measured, newest first."""
+E2E_HOSTS = {"vllm": "vLLM", "sglang": "SGLang"}  # report key -> name
+
+
+def _e2e_runs(host: str) -> list[tuple[str, dict]]:
+    """(file name, report) of the ``python -m atom_tools.e2e.<host>`` reports: all of the newest run folder (H200 or
+    H100) holding one, then from older folders the models (model, weight format) no newer folder measured, newest
+    first."""
     runs, seen = [], set()
-    for folder in sorted(RESULTS.glob("*-h200"), reverse=True):
+    folders = [*RESULTS.glob("*-h200"), *RESULTS.glob("*-h100")]
+    for folder in sorted(folders, key=lambda f: f.name, reverse=True):
         found = set()
         for path in sorted(folder.glob("*.json")):
             for data in _documents(path):
-                if "models" not in data or "vllm" not in data:
+                if "models" not in data or host not in data:
                     continue
                 models = [e for e in data["models"] if (e["model"], e.get("format", "bf16")) not in seen]
                 found |= {(e["model"], e.get("format", "bf16")) for e in models}
@@ -282,25 +287,30 @@ def _agreement(entry: dict) -> str:
             f"{a['prompt_logprob_max_abs_diff']:.2f}")
 
 
-def vllm_e2e_table(pins: dict) -> str:
-    out = ["| model (layers, weights) | batch | vLLM's class tok/s (min-max) | ATOM's class tok/s (min-max) | ATOM / vLLM "
-           "| TPOT ms vLLM / ATOM | TTFT ms vLLM / ATOM | start-up s vLLM / ATOM | greedy agreement (fixed prompts) | run |",
+def e2e_table(host: str) -> str:
+    """ATOM's class against the host's own, end to end (``atom_tools.e2e.<host>`` reports under bench/results)."""
+    name_of = E2E_HOSTS[host]
+    out = [f"| model (layers, weights) | batch | {name_of}'s class tok/s (min-max) | ATOM's class tok/s (min-max) | "
+           f"ATOM / {name_of} | TPOT ms {name_of} / ATOM | TTFT ms {name_of} / ATOM | start-up s {name_of} / ATOM "
+           "| greedy agreement (fixed prompts) | run |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     starts, others = [], []
-    runs = _e2e_runs()
+    runs = _e2e_runs(host)
     for name, report in runs:
         for entry in report["models"]:
             impls = entry["impls"]
             label = f"{entry['model']} ({entry['layers']}, {entry.get('format', 'bf16')})"
-            if set(impls) != {"vllm", "atom"}:
+            if set(impls) != {host, "atom"}:
                 timed = [impl for impl, r in impls.items() if r["batches"]]
                 others += _engines_rows(label, name, report, entry) if timed else []
-                starts += [f"{label}, max_num_batched_tokens {report['settings']['max_num_batched_tokens']}: {impl} "
-                           f"started in {r['startup_s']} s" for impl, r in impls.items() if impl not in timed]
+                starts += [f"{label}: {impl} started in {r['startup_s']} s ({name})"
+                           for impl, r in impls.items() if impl not in timed]
                 continue
-            v, a = impls["vllm"], impls["atom"]
+            v, a = impls[host], impls["atom"]
             tree = report.get("atom_commit") or report.get("note", "")
             for i, batch in enumerate(sorted(a["batches"], key=int)):
+                if batch not in v["batches"]:
+                    continue
                 bv, ba = v["batches"][batch], a["batches"][batch]
                 tv, ta = bv["output_tok_per_s"], ba["output_tok_per_s"]
                 out.append(f"| {label} | {batch} | {tv['median']:.0f} ({tv['min']:.0f}-"
@@ -309,17 +319,19 @@ def vllm_e2e_table(pins: dict) -> str:
                            f"{ba['tpot_ms']['median']:.2f} | {bv['ttft_ms']['median']:.0f} / {ba['ttft_ms']['median']:.0f}"
                            f" | {v['startup_s']} / {a['startup_s']} | {_agreement(entry) if i == 0 else ''} "
                            f"| `{name}` ({tree}) |")
-    if len(out) == 2:
-        return "_No end-to-end H200 results committed yet._"
+    if len(out) == 2 and not others:
+        return f"_No end-to-end {name_of} GPU results committed yet._"
     first = runs[0][1]
-    head = (f"{first['gpu']}, vLLM {first['vllm']}, torch {first['torch']}, {first['date'][:10]}; bf16 activations, "
-            f"prompt {first['settings']['prompt_len']} / output {first['settings']['output_len']} tokens, `ignore_eos`, "
-            f"max_num_batched_tokens {first['settings']['max_num_batched_tokens']}; tokens/s: median of the repeated "
-            f"runs (min-max) in each file.")
-    engines_table = ["", "Other engine sets (`IMPL@BACKEND`: vLLM's `--attention-backend`; ratios against the first "
+    batched = first["settings"].get("max_num_batched_tokens")
+    head = (f"Newest run: {first['gpu']}, {name_of} {first[host]}, torch {first['torch']}, {first['date'][:10]}; bf16 "
+            f"activations, prompt {first['settings']['prompt_len']} / output {first['settings']['output_len']} tokens, "
+            f"`ignore_eos`{f', max_num_batched_tokens {batched}' if batched else ''}; tokens/s: median of the repeated "
+            "runs (min-max) in each file; each row's run folder names its card (h100, h200), and ratios are taken "
+            "within one run.")
+    engines_table = ["", "Other engine sets (`IMPL@BACKEND`: the host's attention backend; ratios against the first "
                      "engine of the run):", "", "| model (layers, weights) | batch | engine | tok/s (min-max) | vs first "
                      "| TPOT ms | TTFT ms | start-up s | run |", "|---|---|---|---|---|---|---|---|---|", *others]
-    return "\n".join([head, "", *out, *(engines_table if others else []),
+    return "\n".join([head, "", *(out if len(out) > 2 else []), *(engines_table if others else []),
                       *(["", *(f"- {s}" for s in starts)] if starts else [])])
 
 
@@ -410,7 +422,8 @@ def takeover_table(pins: dict) -> str:
 TABLES: dict[str, Callable[[dict], str]] = {
     "takeover": takeover_table,
     "models": models_table, "core-pins": core_pins_table, "vllm": vllm_table, "h200": h200_table,
-    "vllm-e2e": vllm_e2e_table, "sglang": sglang_table, "releases": releases_table,
+    "vllm-e2e": lambda pins: e2e_table("vllm"), "sglang-e2e": lambda pins: e2e_table("sglang"),
+    "sglang": sglang_table, "releases": releases_table,
 }
 
 
