@@ -86,12 +86,21 @@ def _rotates_rotary_dim(config) -> bool:
     return rotary_dim is None or factor * config.head_dim == rotary_dim
 
 
+def _glm_indexer_rotates_interleaved(config) -> bool:
+    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa
+
+    return not hasattr(modeling_glm_moe_dsa, "apply_rotary_pos_emb")  # the half-split rotation its indexer used
+
+
 # arch -> (does the installed transformers model a checkpoint's config as the published checkpoints mean it?, why
-# not): transformers 5.12.1 (SGLang 0.5.17-0.5.21's pin) reads no `rotary_dim` for MiniMax-M2 and rotates the whole
-# head; 5.19 turns it into partial_rotary_factor, as ATOM and the published checkpoints do.
+# not). transformers 5.12.1 (SGLang 0.5.17-0.5.21's pin), where 5.19 does as ATOM and the published checkpoints do:
+# - MiniMax-M2: reads no `rotary_dim` and rotates the whole head (5.19: partial_rotary_factor);
+# - GLM-5: its indexer rotates half-split, where GLM-5's config says `indexer_rope_interleave` (transformers #46842).
 FAITHFUL_REFERENCE = {
     "MiniMaxM2ForCausalLM": (_rotates_rotary_dim, "reads no rotary_dim: it rotates the whole head, MiniMax-M2's "
                                                    "checkpoints (and ATOM) rotate rotary_dim of it"),
+    "GlmMoeDsaForCausalLM": (_glm_indexer_rotates_interleaved, "indexer rotates half-split; GLM-5's indexer "
+                                                               "rotates interleaved pairs (indexer_rope_interleave)"),
 }
 
 

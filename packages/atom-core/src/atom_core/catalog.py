@@ -97,9 +97,11 @@ _TINY_DEEPSEEK_V3 = dict(
 
 # A tiny DeepSeek-V3.2: the tiny DeepSeek-V3 with a lightning indexer of 16 heads of 32 keeping the top 6 tokens, so
 # the test prompts (7 and 50 tokens) attend sparsely.  DeepSeek-V3.2's config has no rope_interleave (always pairs).
+# ``num_experts`` repeats ``n_routed_experts`` for transformers 5.12.1 (SGLang 0.5.17-0.5.21's pin), whose class
+# builds ``num_experts`` experts (256 by default); 5.19 reads it as ``n_routed_experts``.
 _TINY_DEEPSEEK_V32 = dict(
     {k: v for k, v in _TINY_DEEPSEEK_V3.items() if k not in ("rope_interleave", "head_dim")},
-    index_topk=6, index_n_heads=16, index_head_dim=32,
+    index_topk=6, index_n_heads=16, index_head_dim=32, num_experts=_TINY_DEEPSEEK_V3["n_routed_experts"],
 )
 # A tiny GLM-5: the same with GLM-5's indexer-sharing pattern (layer 1 reuses layer 0's selection).
 _TINY_GLM_MOE_DSA = dict(_TINY_DEEPSEEK_V32, indexer_types=["full", "shared", "full"])
