@@ -148,10 +148,11 @@ class FakeServer:
 
     def __init__(self, impl, args, log_path, start_timeout):
         self.impl, self.module, self.startup_s, self.log_path = impl, f"{impl} class", 1.0, log_path
-        FakeServer.log.append(("start", impl, args[args.index("--mem-fraction-static") + 1]))
+        backend = len(args) - 1 - args[::-1].index("--attention-backend")  # the last one given is the one used
+        FakeServer.log.append(("start", impl, args[args.index("--mem-fraction-static") + 1], args[backend + 1]))
 
     def agreement(self, prompts):
-        token = 9 if self.impl == "atom" else 8
+        token = 9 if self.impl.startswith("atom") else 8
         return [{"tokens": [1, token], "logprobs": [-1.0, -1.0], "prompt_logprobs": [-2.0] * (len(p) - 1)}
                 for p in prompts]
 
@@ -180,7 +181,7 @@ def test_compare_alternates_saves_each_step_and_keeps_what_a_cut_off_run_measure
     assert saved[2]["agreement"]["identical_greedy"] == 0 and saved[2]["agreement"]["mean_first_divergence"] == 1
     assert list(entry["impls"]["atom"]["batches"]) == ["2"]
     assert entry["impls"]["sglang"]["batches"]["2"]["output_tok_per_s"]["samples"] == [2.0, 2.0]
-    assert [e[2] for e in FakeServer.log if e[0] == "start"] == ["0.4000", "0.6667"]  # 0.4 of the GPU each
+    assert [e[2:] for e in FakeServer.log if e[0] == "start"] == [("0.4000", "triton"), ("0.6667", "triton")]  # 0.4 each
     runs = [(impl, first) for kind, impl, batch, first in (e for e in FakeServer.log if e[0] == "run") if batch == 2]
     # warm-up each, then repeat 0 sglang-atom, repeat 1 atom-sglang, on the same prompts per repeat
     assert [impl for impl, _ in runs] == ["sglang", "atom", "sglang", "atom", "atom", "sglang"]
@@ -188,7 +189,24 @@ def test_compare_alternates_saves_each_step_and_keeps_what_a_cut_off_run_measure
     assert FakeServer.log[-2:] == [("close", "sglang"), ("close", "atom")]
 
 
+def test_attention_backends_make_one_server_per_implementation_and_backend(monkeypatch, tmp_path):
+    monkeypatch.setattr(FakeServer, "log", [])
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 512}))
+    args = bench.parse_args(["--out", str(tmp_path / "o.json"), "--repeats", "1", "--attention-backends", "default,atom"])
+    assert args.impl_list == ["sglang", "sglang@atom", "atom", "atom@atom"]
+    entry = {"model": "m", "arch": "Qwen3ForCausalLM", "format": "bf16"}
+    bench.compare(entry, tmp_path, args.impl_list, [2], args, [[5, 6, 7]], lambda: None, start_server=FakeServer)
+    assert [(e[1], e[3]) for e in FakeServer.log if e[0] == "start"] == [
+        ("sglang", "triton"), ("sglang@atom", "atom"), ("atom", "triton"), ("atom@atom", "atom")]
+    assert entry["agreement"]["identical_greedy"] == 0  # SGLang's class against ATOM's, both on the default backend
+    with_first = entry["agreement_with_first"]
+    assert sorted(with_first) == ["atom@atom", "sglang@atom"]
+    assert with_first["sglang@atom"]["identical_greedy"] == 1 and with_first["atom@atom"]["identical_greedy"] == 0
+    assert sorted(entry["impls"]) == sorted(args.impl_list)
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--attention-backends", "default,FLASH_ATTN"], "--attention-backends: FLASH_ATTN is not an SGLang backend name"),
     (["--models", "qwen3-9b"], "unknown model, implementation or format: qwen3-9b"),
     (["--impls", "sglang,vllm"], "unknown model, implementation or format: vllm"),
     (["--checkpoint", "smol=/nonexistent"], "--checkpoint: no config.json in /nonexistent"),

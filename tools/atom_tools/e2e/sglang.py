@@ -30,6 +30,12 @@ Default server arguments on a GPU: ``--attention-backend triton --sampling-backe
 has neither FA3 nor FlashInfer), SGLang's CUDA graphs; hybrid GDN models also ``--mamba-radix-cache-strategy
 no_buffer`` (what atom-sglang serves; SGLang's own class gets the same).  ``--server-args "..."`` is appended last,
 so it overrides them (e.g. ``--device cpu --attention-backend torch_native`` on a CPU).
+
+``--attention-backends default,atom`` runs each implementation once per SGLang attention backend
+(``--attention-backend``; ``default`` keeps the one above, ``atom`` is ATOM's paged-attention backend,
+:mod:`atom_sglang.attention_backend`, registered by atom-sglang's plugin whichever class serves): the servers are then
+named ``IMPL@BACKEND`` (``IMPL`` alone for ``default``), and each one's greedy agreement is also stated against the
+first server.
 """
 
 from __future__ import annotations
@@ -178,8 +184,9 @@ class Server:
 
     def __init__(self, impl: str, args: list[str], log_path: Path, start_timeout: float):
         self.impl, self.port, self.log_path = impl, free_port(), log_path
+        base = impl.partition("@")[0]  # IMPL@BACKEND: the backend is a server argument
         env = {k: v for k, v in os.environ.items() if k != EXTERNAL_PACKAGE}
-        env.update(IMPLS[impl])
+        env.update(IMPLS[base])
         command = [sys.executable, "-m", "sglang.launch_server", *args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.command = command
         began = time.perf_counter()
@@ -189,7 +196,7 @@ class Server:
         try:
             self._wait_healthy(began + start_timeout)
             self.startup_s = time.perf_counter() - began
-            self.module = served_by(log_path.read_text(errors="replace"), impl)
+            self.module = served_by(log_path.read_text(errors="replace"), base)
         except BaseException:
             self.close()
             raise
@@ -305,6 +312,8 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
     try:
         for impl, fraction in zip(impls, mem_fractions(args.mem_fraction_static, len(impls))):
             command = server_args(model_dir, entry["arch"], args.dtype, fraction, args.server_args)
+            backend = impl.partition("@")[2]
+            command += ["--attention-backend", backend] if backend else []
             server = start_server(impl, command, Path(args.log_dir) / f"{label}-{impl}.log", args.start_timeout)
             servers.append(server)
             entry["impls"][impl] = {"module": server.module, "startup_s": round(server.startup_s, 1),
@@ -314,6 +323,10 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
         agreement = {s.impl: s.agreement(prompts) for s in servers}
         if "sglang" in agreement and "atom" in agreement:
             entry["agreement"] = compare_agreement(agreement["sglang"], agreement["atom"])
+        first = impls[0]
+        others = [i for i in impls[1:] if {first, i} != {"sglang", "atom"}]
+        if others:
+            entry["agreement_with_first"] = {i: compare_agreement(agreement[first], agreement[i]) for i in others}
         save()
         vocab = checkpoint_prompt_vocab(model_dir)
         for batch in batches:
@@ -334,7 +347,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="each server's share of the GPU memory free at the start (default: 0.8 split evenly)")
     parser.add_argument("--start-timeout", type=float, default=1800, help="seconds a server may take to start")
     parser.add_argument("--log-dir", default=None, help="the servers' logs (default: OUT's name + '-logs')")
+    parser.add_argument("--attention-backends", default="default",
+                        help="SGLang attention backends to run each implementation with, e.g. default,atom,triton")
     args = driver.parse(parser, argv, IMPLS)
+    backends = [b for b in args.attention_backends.split(",") if b]
+    bad = [b for b in backends if not b.replace("_", "").isalnum() or not b.islower()]
+    if bad:
+        parser.error(f"--attention-backends: {', '.join(bad)} is not an SGLang backend name (e.g. triton, atom)")
+    args.impl_list = [i if b == "default" else f"{i}@{b}" for i in args.impl_list for b in backends]
     args.mem_fraction_static = args.mem_fraction_static or round(0.8 / len(args.impl_list), 3)
     args.log_dir = args.log_dir or str(Path(args.out).with_suffix("")) + "-logs"
     return args
