@@ -7,8 +7,9 @@
   vectors, norms, correction biases and token -> expert table; the 50-token prompt passes the window (8), the
   indexer's top-k (3 of 12 CSA entries) and 6 HCA entries, and the decode steps close new windows.
 * Decode steps padded to a graph bucket (eager on the CPU) give the same tokens.
-* The same check fails when the indexer's selection is ignored (every entry selected), or when the entries are
-  left out, so the parity above depends on the selection and on the compressed entries.
+* The same check fails when the indexer's selection is ignored (every entry selected), when the entries are left
+  out, and when either the routed or the shared experts' SwiGLU clamp (``swiglu_limit`` 0.2 here) is lifted, so
+  the parity above depends on each.
 * A token -> expert table naming a missing expert, and a layer type ATOM does not know, are refused.
 """
 
@@ -134,6 +135,22 @@ def test_parity_depends_on_the_entries(v4_dir, reference, monkeypatch):
     monkeypatch.setattr(CompressedAttention, "_selected_entries",
                         lambda self, index, v_cache, block_table, token_seq, token_pos, pos:
                         torch.full((pos.shape[0], 1), -1, dtype=torch.long))
+    with pytest.raises(AssertionError, match="logit"):
+        check_v4(v4_dir, reference, max_new_tokens=1)
+
+
+@pytest.mark.parametrize("which", ["routed", "shared"])
+def test_parity_depends_on_the_swiglu_clamp(v4_dir, reference, monkeypatch, which):
+    """The experts unclamped (routed: fused_moe without swiglu_limit; shared: the MLP without its clamps) break parity:
+    the tiny checkpoint's limit (0.2) is reached."""
+    from atom_core.layers.moe import FusedMoE
+    from atom_core.models.deepseek_v4 import ClampedMLP
+
+    if which == "routed":
+        monkeypatch.setattr(FusedMoE, "kernel_options", lambda self: {"activation": "silu", "w13_bias": None,
+                                                                      "w2_bias": None})
+    else:
+        monkeypatch.setattr(ClampedMLP, "forward", lambda self, x: self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x)))
     with pytest.raises(AssertionError, match="logit"):
         check_v4(v4_dir, reference, max_new_tokens=1)
 

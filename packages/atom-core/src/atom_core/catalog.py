@@ -107,8 +107,9 @@ _TINY_DEEPSEEK_V32 = dict(
 _TINY_GLM_MOE_DSA = dict(_TINY_DEEPSEEK_V32, indexer_types=["full", "shared", "full"])
 
 # A tiny DeepSeek-V4: one layer of each attention type (sliding window 8; CSA entries of 4 tokens, an indexer of 16 heads keeping
-# 3; HCA entries of 8 tokens), a hash-routed layer then top-k routed ones over 8 experts, 3 residual streams.  The
-# 50-token test prompt passes the window, the top-k and several HCA entries.
+# 3; HCA entries of 8 tokens), a hash-routed layer then top-k routed ones over 8 experts, 3 residual streams, the
+# experts' SwiGLU clamped at 0.2 (reached by the random weights' pre-activations).  The 50-token test prompt passes
+# the window, the top-k and several HCA entries.
 _TINY_DEEPSEEK_V4 = dict(
     vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, head_dim=32,
     q_lora_rank=32, partial_rotary_factor=0.25, num_experts_per_tok=2, n_routed_experts=8,
@@ -116,7 +117,7 @@ _TINY_DEEPSEEK_V4 = dict(
     mlp_layer_types=["hash_moe", "moe", "moe"],
     compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, hc_mult=3,
     hc_sinkhorn_iters=5, sliding_window=8, o_groups=2, o_lora_rank=16, index_n_heads=16, index_head_dim=16,
-    index_topk=3, max_position_embeddings=512, tie_word_embeddings=False,
+    index_topk=3, swiglu_limit=0.2, max_position_embeddings=512, tie_word_embeddings=False,
 )
 
 # A tiny Kimi-K2.5: the tiny DeepSeek-V3 above under a two-block MoonViT tower of 8-pixel patches (head 32, an 8x8

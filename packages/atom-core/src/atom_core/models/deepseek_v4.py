@@ -114,6 +114,8 @@ class V4Dims:
                                          f"even and within head_dim {head_dim} and index_head_dim {text.index_head_dim}")
         if (heads * head_dim) % groups:
             raise UnsupportedConfigError(f"config.json o_groups {groups} does not divide {heads} heads of {head_dim}")
+        if not text.swiglu_limit > 0:
+            raise UnsupportedConfigError(f"config.json swiglu_limit must be positive, got {text.swiglu_limit!r}")
         if text.scoring_func not in SCORES:
             raise UnsupportedConfigError(f"config.json scoring_func {text.scoring_func!r}: one of {', '.join(SCORES)}")
         return cls(text.hidden_size, text.vocab_size, heads, head_dim, rope_dim, text.q_lora_rank, groups,
@@ -314,7 +316,7 @@ class V4MoE(nn.Module):
         super().__init__()
         self.gate = V4Router(dims, dims.mlp_layer_types[layer_id] == "hash_moe")
         self.experts = FusedMoE(dims.num_experts, dims.hidden_size, dims.moe_intermediate_size, host=host,
-                                prefix=f"{prefix}.experts")
+                                prefix=f"{prefix}.experts", swiglu_limit=dims.swiglu_limit)
         self.shared_experts = ClampedMLP(dims.hidden_size, dims.moe_intermediate_size, dims.swiglu_limit, host=host,
                                          prefix=f"{prefix}.shared_experts")
 
