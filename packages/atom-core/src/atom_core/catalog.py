@@ -120,6 +120,13 @@ _TINY_DEEPSEEK_V4 = dict(
     index_topk=3, swiglu_limit=0.2, max_position_embeddings=512, tie_word_embeddings=False,
 )
 
+# DeepSeek's names outside the layers, and layers without transformers' "model." (transformers' conversion reads
+# them; its save_pretrained writes them back under "model." with its own spellings)
+_DEEPSEEK_V4_PUBLISHED_NAMES = (
+    (r"^model\.embed_tokens\.weight$", "embed.weight"), (r"^model\.norm\.weight$", "norm.weight"),
+    (r"^model\.hc_head\.hc_(fn|base|scale)$", r"hc_head_\1"), (r"^model\.layers\.", "layers."),
+)
+
 # A tiny Kimi-K2.5: the tiny DeepSeek-V3 above under a two-block MoonViT tower of 8-pixel patches (head 32, an 8x8
 # learned position grid resampled to each image) whose 2x2-merged patches land in the decoder's width.
 _TINY_KIMI_K25 = dict(
@@ -264,7 +271,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         ArchSpec(
             "DeepseekV4ForCausalLM", "atom_core.models.deepseek_v4:DeepseekV4ForCausalLM", "deepseek_v4",
             "transformers:DeepseekV4ForCausalLM", "deepseek_v4", capabilities=frozenset({TEXT, COMPRESSED_ATTENTION}),
-            tiny=_TINY_DEEPSEEK_V4,
+            tiny=_TINY_DEEPSEEK_V4, published_names=_DEEPSEEK_V4_PUBLISHED_NAMES,
         ),
         ArchSpec(
             "MiniMaxM2ForCausalLM", "atom_core.models.minimax_m2:MiniMaxM2ForCausalLM", "minimax_m2",

@@ -49,8 +49,13 @@ SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily
 MLP_TYPES = ("hash_moe", "moe")
 SCORES = {"sqrtsoftplus": lambda x: F.softplus(x).sqrt(), "sigmoid": torch.sigmoid}
 
-# checkpoint names (as transformers' save_pretrained writes them) -> this file's modules
+# checkpoint names (DeepSeek's published ones, and the "model."-prefixed ones transformers' save_pretrained writes)
+# -> this file's modules
 RENAMES = (
+    (r"^layers\.", "model.layers."),
+    (r"^embed\.weight$", "model.embed_tokens.weight"),
+    (r"^norm\.weight$", "model.norm.weight"),
+    (r"^hc_head_(fn|base|scale)$", r"model.hc_head.hc_\1"),
     (r"^head\.weight$", "lm_head.weight"),
     (r"\.hc_(attn|ffn)_(fn|base|scale)$", r".\1_hc.\2"),
     (r"\.ffn\.gate\.bias$", ".ffn.gate.e_score_correction_bias"),
