@@ -10,6 +10,7 @@
 * The same check fails when the indexer's selection is ignored (every entry selected), when the entries are left
   out, and when either the routed or the shared experts' SwiGLU clamp (``swiglu_limit`` 0.2 here) is lifted, so
   the parity above depends on each.
+* transformers' own save_pretrained names (under "model.") load as DeepSeek's published names (the tiny's) do.
 * A token -> expert table naming a missing expert, and a layer type ATOM does not know, are refused.
 """
 
@@ -153,6 +154,22 @@ def test_parity_depends_on_the_swiglu_clamp(v4_dir, reference, monkeypatch, whic
         monkeypatch.setattr(ClampedMLP, "forward", lambda self, x: self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x)))
     with pytest.raises(AssertionError, match="logit"):
         check_v4(v4_dir, reference, max_new_tokens=1)
+
+
+def test_transformers_own_names_load(v4_dir, reference, tmp_path):
+    """The checkpoint as transformers' save_pretrained spells it (under "model.") loads to the same model as DeepSeek's
+    published names."""
+    from quant_helpers import read_tensors
+
+    from atom_core.runtime.runner import Runner
+
+    reference.save_pretrained(str(tmp_path))
+    assert "model.embed_tokens.weight" in read_tensors(str(tmp_path))
+    for extra in Path(v4_dir).glob("tokenizer*"):
+        shutil.copy(extra, tmp_path / extra.name)
+    got = Runner(str(tmp_path), device="cpu", dtype=torch.float32).prompt_logits(PROMPTS[:1])[0]
+    want = Runner(v4_dir, device="cpu", dtype=torch.float32).prompt_logits(PROMPTS[:1])[0]
+    assert torch.equal(got, want)
 
 
 def test_expert_table_outside_the_experts_is_refused(v4_dir, tmp_path):

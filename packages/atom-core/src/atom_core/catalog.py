@@ -108,7 +108,8 @@ _TINY_GLM_MOE_DSA = dict(_TINY_DEEPSEEK_V32, indexer_types=["full", "shared", "f
 
 # A tiny DeepSeek-V4: one layer of each attention type (sliding window 8; CSA entries of 4 tokens, an indexer of 16 heads keeping
 # 3; HCA entries of 8 tokens), a hash-routed layer then top-k routed ones over 8 experts, 3 residual streams, the
-# experts' SwiGLU clamped at 0.2 (reached by the random weights' pre-activations).  The 50-token test prompt passes
+# experts' SwiGLU clamped at 0.2 (reached by the random weights' pre-activations), YaRN on the CSA / HCA layers' rope
+# as published (transformers' config gives it to the "compress" rope only, attention_factor 1).  The 50-token test prompt passes
 # the window, the top-k and several HCA entries.
 _TINY_DEEPSEEK_V4 = dict(
     vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, head_dim=32,
@@ -118,6 +119,8 @@ _TINY_DEEPSEEK_V4 = dict(
     compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, hc_mult=3,
     hc_sinkhorn_iters=5, sliding_window=8, o_groups=2, o_lora_rank=16, index_n_heads=16, index_head_dim=16,
     index_topk=3, swiglu_limit=0.2, max_position_embeddings=512, tie_word_embeddings=False,
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "beta_fast": 32,
+                     "beta_slow": 1},
 )
 
 # DeepSeek's names outside the layers, and layers without transformers' "model." (transformers' conversion reads
