@@ -6,6 +6,7 @@
   window, one CSA and one HCA layer, a hash-routed layer, random sinks, window biases (``ape``), hyper-connection
   vectors, norms, correction biases and token -> expert table; the 50-token prompt passes the window (8), the
   indexer's top-k (3 of 12 CSA entries) and 6 HCA entries, and the decode steps close new windows.
+* The prefill through the Triton kernels (interpreted) of every op the model calls.
 * Decode steps padded to a graph bucket (eager on the CPU) give the same tokens.
 * The same check fails when the indexer's selection is ignored (every entry selected), when the entries are left
   out, and when either the routed or the shared experts' SwiGLU clamp (``swiglu_limit`` 0.2 here) is lifted, so
@@ -154,6 +155,32 @@ def test_parity_depends_on_the_swiglu_clamp(v4_dir, reference, monkeypatch, whic
         monkeypatch.setattr(ClampedMLP, "forward", lambda self, x: self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x)))
     with pytest.raises(AssertionError, match="logit"):
         check_v4(v4_dir, reference, max_new_tokens=1)
+
+
+def test_triton_kernels_in_the_model(v4_dir, reference, monkeypatch):
+    """Prefill with every op on its Triton kernel (interpreted on the CPU), each of the model's ops counted so a silent
+    fallback to a reference would fail: the sliding layer's paged attention, the cache writes, the CSA selection, the
+    clamped experts, norms and rope."""
+    from atom_core.runtime.runner import Runner
+    from atom_kernels import OPS
+
+    monkeypatch.setenv("ATOM_KERNEL_BACKEND", "triton")
+    ops = ("paged_attention", "reshape_and_cache", "indexer_scores", "topk_indices", "fused_moe", "rms_norm",
+           "rotary_embedding")
+    calls = dict.fromkeys(ops, 0)
+    for op in ops:
+        fn, unsupported = OPS[op].implementation("triton")
+
+        def counted(*args, _fn=fn, _op=op, **kwargs):
+            calls[_op] += 1
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setitem(OPS[op]._impls, "triton", (counted, unsupported))
+    prompts = [PROMPTS[2][:30]]  # past the window (8), the top-k (3 of 7 CSA entries) and 3 HCA entries
+    got = Runner(v4_dir, device="cpu", dtype=torch.float32).prompt_logits(prompts)
+    for g, w in zip(got, reference_logits(reference, prompts)):
+        assert (g - w).abs().max().item() <= ATOL
+    assert all(n >= 1 for n in calls.values()), calls
 
 
 def test_transformers_own_names_load(v4_dir, reference, tmp_path):
