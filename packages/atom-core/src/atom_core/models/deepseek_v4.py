@@ -5,9 +5,9 @@ hyper-connections around every block and hash- or top-k-routed experts.
     per layer (x = the streams collapsed by the block's hyper-connection, see atom_core.layers.hyper_connection):
         r   = q_norm(wq_a(x));  q = rope(rmsnorm₀(wq_b(r)))      [heads, D], rmsnorm₀: per head, unweighted
         kv  = rope(norm(wkv(x)))                                  [D], one head, both key and value
-        o   = softmax over [sinks | q·kv (last W tokens) | q·entries] · (kv | entries) · D^-½
-              entries: sliding-window layers none; HCA one per m tokens (every one the query has passed);
-              CSA one per m tokens pooled over 2m (two series), the indexer's top-k of them
+        o   = Σ_j p_j v_j,  p = softmax([q·v_j · D^-½ for v_j in kv of the last W tokens, then entries | sink])
+              without the sink's share; entries: sliding-window layers none; HCA one per m tokens (every one the
+              query has passed); CSA one per m tokens pooled over 2m (two series), the indexer's top-k of them
         o   = rope⁻¹(o)  (K = V carries its rope into the output; the rotation back at the query's position)
         y   = wo_b([wo_a,g(o_g) for each of o_groups head groups])
         entry(window) = rope(norm(Σ_j softmax_j(wgate(x_j) + ape_j) ⊙ wkv(x_j)))   at the window's first position
