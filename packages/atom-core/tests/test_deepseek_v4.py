@@ -82,6 +82,7 @@ def check_v4(model_dir: str, hf, max_new_tokens: int = NEW_TOKENS):
         assert err <= ATOL, f"prompt of {len(prompt)} tokens: max |Δlogit| {err:.2e}"
     outputs = runner.generate(PROMPTS, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
     for prompt, out in zip(PROMPTS, outputs):
+        assert len(out.token_ids) == len(out.logprobs) == max_new_tokens
         with torch.inference_mode():
             logits = hf(torch.tensor([prompt + out.token_ids[:-1]])).logits[0, len(prompt) - 1:]
         logprobs = torch.log_softmax(logits, dim=-1)
