@@ -161,13 +161,13 @@ def test_parity_depends_on_the_swiglu_clamp(v4_dir, reference, monkeypatch, whic
 def test_triton_kernels_in_the_model(v4_dir, reference, monkeypatch):
     """Prefill with every op on its Triton kernel (interpreted on the CPU), each of the model's ops counted so a silent
     fallback to a reference would fail: the sliding layer's paged attention, the cache writes, the CSA selection, the
-    clamped experts, norms and rope."""
+    compressed layers' attention with sinks, the clamped experts, norms and rope."""
     from atom_core.runtime.runner import Runner
     from atom_kernels import OPS
 
     monkeypatch.setenv("ATOM_KERNEL_BACKEND", "triton")
-    ops = ("paged_attention", "reshape_and_cache", "indexer_scores", "topk_indices", "fused_moe", "rms_norm",
-           "rotary_embedding")
+    ops = ("paged_attention", "reshape_and_cache", "indexer_scores", "topk_indices", "sparse_mla", "fused_moe",
+           "rms_norm", "rotary_embedding")
     calls = dict.fromkeys(ops, 0)
     for op in ops:
         fn, unsupported = OPS[op].implementation("triton")

@@ -250,13 +250,14 @@ def _topk_indices_fake(scores: Tensor, k: int) -> Tensor:
 _topk_indices = define("topk_indices", _topk_indices_fake, lambda scores, k: _eager("topk_indices")(scores, k))
 
 
-def _sparse_mla_fake(q: Tensor, cache: Tensor, slots: Tensor, scale: float, kv_lora_rank: int) -> Tensor:
+def _sparse_mla_fake(q: Tensor, cache: Tensor, slots: Tensor, scale: float, kv_lora_rank: int,
+                     sinks: Tensor | None = None) -> Tensor:
     return q.new_empty((q.shape[0], q.shape[1], kv_lora_rank))
 
 
 _sparse_mla = define("sparse_mla", _sparse_mla_fake,
-                     lambda q, cache, slots, scale, kv_lora_rank:
-                     _eager("sparse_mla")(q, cache, slots, scale, kv_lora_rank))
+                     lambda q, cache, slots, scale, kv_lora_rank, sinks=None:
+                     _eager("sparse_mla")(q, cache, slots, scale, kv_lora_rank, sinks))
 
 
 def _paged_attention_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
@@ -310,7 +311,8 @@ TRACED: dict[str, Callable] = {
     "indexer_scores": lambda q, weights, k_cache, block_table, token_seq, token_pos, scale:
         _indexer_scores(q, weights, k_cache, block_table, token_seq, token_pos, scale),
     "topk_indices": lambda scores, k: _topk_indices(scores, k),
-    "sparse_mla": lambda q, cache, slots, scale, kv_lora_rank: _sparse_mla(q, cache, slots, scale, kv_lora_rank),
+    "sparse_mla": lambda q, cache, slots, scale, kv_lora_rank, sinks=None:
+        _sparse_mla(q, cache, slots, scale, kv_lora_rank, sinks),
     "paged_attention": _paged_attention_traced,
     "reshape_and_cache": _reshape_and_cache_traced,
 }

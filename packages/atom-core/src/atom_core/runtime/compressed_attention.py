@@ -14,12 +14,12 @@ Every step, prompt or decode:
     entry(p)  = compressor.pool(raw rows of the window ending at p)           where (p + 1) % m == 0
     selected  = CSA: topk_indices(indexer_scores(index_q, weights, index keys) on entry positions, topk)
                 HCA: every entry position <= p
-    out       = softmax over [sinks | q · kv of positions p - W + 1 .. p | q · entries selected] (without the sinks)
+    out       = sparse_mla(q, K rows of the kv of positions p - W + 1 .. p and of the selected entries, sinks)
 
 Entries live at the position of their window's last token, so "query p has passed window w" is "entry position
-<= p": the causal rule of the other caches.  The attention is a plain-torch gather (:func:`sink_attention`); the
-selection reuses DeepSeek-V3.2's ops (``indexer_scores``, ``topk_indices``).  The cache keeps every token's rows,
-which a cache sized for DeepSeek-V4 would not (see docs/verification.md).
+<= p": the causal rule of the other caches.  Selection and attention are DeepSeek-V3.2's ops (``indexer_scores``,
+``topk_indices``, ``sparse_mla`` over whole rows with sinks); the compressor's pooling is the model's torch.  The
+cache keeps every token's rows, which a cache sized for DeepSeek-V4 would not (see docs/verification.md).
 """
 
 from __future__ import annotations
@@ -31,22 +31,10 @@ from torch import nn
 
 from atom_core.host import CompressedAttentionSpec
 from atom_core.runtime.sparse_attention import selected_slots, token_positions
-from atom_kernels import indexer_scores, reshape_and_cache, topk_indices
+from atom_kernels import indexer_scores, reshape_and_cache, sparse_mla, topk_indices
 
 if TYPE_CHECKING:
     from atom_core.runtime.host import NativeHost
-
-
-def sink_attention(q: torch.Tensor, rows: torch.Tensor, used: torch.Tensor, scale: float,
-                   sinks: torch.Tensor) -> torch.Tensor:
-    """``out[t, h] = Σ_j p_j rows[t, j]`` with ``p = softmax([scale · q[t, h] · rows[t]ᵀ | sinks[h]])`` without the
-    sink's share (gpt-oss' sinks); ``q`` ``[T, H, D]``, ``rows`` ``[T, K, D]`` (key = value), ``used`` ``[T, K]``
-    bool.  fp32 math, out in q's dtype."""
-    logits = torch.einsum("thd,tkd->thk", q.float(), rows.float()) * scale
-    logits = logits.masked_fill(~used[:, None, :], float("-inf"))
-    sink = sinks.float()[None, :, None].expand(q.shape[0], -1, 1)
-    probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-    return torch.einsum("thk,tkd->thd", probs, rows.float()).to(q.dtype)
 
 
 class CompressedAttention(nn.Module):
@@ -106,12 +94,14 @@ class CompressedAttention(nn.Module):
         win_pos = pos[:, None] - self.sliding_window + 1 + torch.arange(self.sliding_window, device=pos.device)
         win_pos = torch.where(win_pos >= 0, win_pos, -1)
         entry_pos = self._selected_entries(index, v_cache, block_table, token_seq, token_pos, pos)
-        flat_k = k_cache[:, :, 0].reshape(-1, 2 * dim)
-        win_slots = selected_slots(win_pos, block_table, token_seq, block_size).long()
-        entry_slots = selected_slots(entry_pos, block_table, token_seq, block_size).long()
-        rows = torch.cat([flat_k[win_slots.clamp(min=0), :dim], flat_k[entry_slots.clamp(min=0), dim:]], dim=1)
-        used = torch.cat([win_slots >= 0, entry_slots >= 0], dim=1) & (pos >= 0)[:, None]
-        return sink_attention(q, rows, used, self.scale, self.sinks)
+        # the K cache read as rows of one head: slot s's kv is row 2s, its entry row 2s + 1
+        rows = k_cache.view(k_cache.shape[0], 2 * block_size, dim)
+        win_slots = selected_slots(win_pos, block_table, token_seq, block_size)
+        entry_slots = selected_slots(entry_pos, block_table, token_seq, block_size)
+        slots = torch.cat([torch.where(win_slots >= 0, 2 * win_slots, -1),
+                           torch.where(entry_slots >= 0, 2 * entry_slots + 1, -1)], dim=1)
+        slots = torch.where((pos >= 0)[:, None], slots, -1).to(torch.int32)
+        return sparse_mla(q.contiguous(), rows, slots, self.scale, dim, self.sinks)
 
     def _selected_entries(self, index, v_cache, block_table, token_seq, token_pos, pos) -> torch.Tensor:
         """``[T, K]`` positions of the entries each query attends to (-1: none)."""
