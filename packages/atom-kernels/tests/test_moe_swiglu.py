@@ -95,3 +95,38 @@ def test_bad_activation_and_bias_shapes_are_named(rng):
         fused_moe.call_backend("reference", x, w13, w2, weights, ids, activation="gelu")
     with pytest.raises(ValueError, match="w2_bias"):
         fused_moe.call_backend("reference", x, w13, w2, weights, ids, w2_bias=b2[:, :5])
+
+
+def per_token_clamped_silu(x, w13, w2, weights, ids, limit):
+    """DeepSeek-V4's experts (transformers' DeepseekV4Experts), one token at a time."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    inter = w2.shape[2]
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            gate_up = F.linear(x[t].double(), w13[e].double())
+            gate, up = gate_up[:inter].clamp(max=limit), gate_up[inter:].clamp(-limit, limit)
+            out[t] += weights[t, j].double() * F.linear(F.silu(gate) * up, w2[e].double())
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_limit_reference_and_triton(device, rng, dtype):
+    """``swiglu_limit`` with silu: the reference is DeepSeek-V4's formula and the Triton kernel equals it."""
+    x, w13, w2, _, _, weights, ids = make_case(rng, 7, 5, 3, 72, 40, torch.float32)
+    limit = 2.0
+    assert (F.linear(x, w13.reshape(-1, 72)).abs() > limit).any()  # the clamp is exercised
+    ref32 = fused_moe.call_backend("reference", x, w13, w2, weights, ids, swiglu_limit=limit)
+    assert_close(ref32.double(), per_token_clamped_silu(x, w13, w2, weights, ids, limit), tol=1e-6)
+    assert (ref32 - fused_moe.call_backend("reference", x, w13, w2, weights, ids)).abs().max() > 1e-2
+    x, w13, w2 = (t.to(dtype) for t in (x, w13, w2))
+    ref = fused_moe.call_backend("reference", x, w13, w2, weights, ids, swiglu_limit=limit)
+    xd, w13d, w2d, wd, idd = to(device, x, w13, w2, weights, ids)
+    out = fused_moe.call_backend("triton", xd, w13d, w2d, wd, idd, swiglu_limit=limit)
+    assert_close(out.cpu(), ref, dtype)
+
+
+def test_swiglu_limit_goes_with_silu_only(rng):
+    x, w13, w2, b13, b2, weights, ids = make_case(rng, 2, 4, 2, 32, 16, torch.float32)
+    with pytest.raises(ValueError, match="swiglu_limit"):
+        fused_moe.call_backend("reference", x, w13, w2, weights, ids, activation="swigluoai", swiglu_limit=3.0)

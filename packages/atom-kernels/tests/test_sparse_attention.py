@@ -141,6 +141,25 @@ def test_sparse_mla(heads, latent, rope, page, k, dtype, rng, device):
     assert_close(out, ref, dtype)
 
 
+@pytest.mark.parametrize("heads,dim,page,k,dtype", [(3, 32, 4, 20, FP32), (17, 64, 16, 37, BF16)])
+def test_sparse_mla_with_sinks_over_whole_rows(heads, dim, page, k, dtype, rng, device):
+    """DeepSeek-V4's use: the whole row is key and value (no rope part), per-head sinks join the softmax; the
+    reference is the sink formula and the Triton kernel equals it."""
+    q, cache, slots, scale, _ = sparse_case(6, heads, dim, 0, page, k, rng, dtype)
+    sinks = torch.randn(heads, generator=rng)
+    ref = run("reference", sparse_mla, device, q, cache, slots, scale, dim, sinks)
+    out = run("triton", sparse_mla, device, q, cache, slots, scale, dim, sinks)
+    assert (out[1] == 0).all() and (ref[1] == 0).all()
+    assert_close(out, ref, dtype)
+    t = 2  # the formula for one query
+    rows = cache.reshape(-1, dim)[slots[t].long()].float()
+    logits = torch.cat([q[t].float() @ rows.T * scale, sinks[:, None]], dim=-1)
+    want = torch.softmax(logits, dim=-1)[:, :-1] @ rows
+    assert_close(ref[t].float(), want, FP32 if dtype == FP32 else BF16)
+    no_sinks = run("reference", sparse_mla, device, q, cache, slots, scale, dim)
+    assert (no_sinks[t].float() - ref[t].float()).abs().max() > 1e-3  # the sinks take a share
+
+
 def test_sparse_mla_over_every_row_is_dense_mla(rng):
     """Selecting a sequence's whole context gives ``mla_decode``'s dense attention (the reference is the same math
     with a gather in place of the block-table walk)."""
@@ -242,3 +261,6 @@ def test_bad_shapes_name_the_argument():
         topk_indices(torch.zeros(2, 3), 0)
     with pytest.raises(ValueError, match="slots"):
         sparse_mla(torch.zeros(2, 3, 8), torch.zeros(1, 4, 8), torch.zeros(3, 2, dtype=torch.int32), 1.0, 4)
+    with pytest.raises(ValueError, match="sinks"):
+        sparse_mla(torch.zeros(2, 3, 8), torch.zeros(1, 4, 8), torch.zeros(2, 2, dtype=torch.int32), 1.0, 8,
+                   torch.zeros(4))

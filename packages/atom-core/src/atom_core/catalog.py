@@ -22,6 +22,8 @@ MROPE = "mrope"  # positions are [3, T] (time, height, width), computed by the m
 MLA = "latent-attention"  # multi-head latent attention: the KV cache holds one latent per token (DeepSeek-V3)
 # DeepSeek sparse attention: a lightning indexer (its own key cache) picks the top-k tokens each query attends to
 SPARSE_ATTENTION = "sparse-attention"
+# DeepSeek-V4: attention over a sliding window plus compressed entries (one per few tokens) kept in caches of its own
+COMPRESSED_ATTENTION = "compressed-attention"
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,30 @@ _TINY_DEEPSEEK_V32 = dict(
 )
 # A tiny GLM-5: the same with GLM-5's indexer-sharing pattern (layer 1 reuses layer 0's selection).
 _TINY_GLM_MOE_DSA = dict(_TINY_DEEPSEEK_V32, indexer_types=["full", "shared", "full"])
+
+# A tiny DeepSeek-V4: one layer of each attention type (sliding window 8; CSA entries of 4 tokens, an indexer of 16 heads keeping
+# 3; HCA entries of 8 tokens), a hash-routed layer then top-k routed ones over 8 experts, 3 residual streams, the
+# experts' SwiGLU clamped at 0.2 (reached by the random weights' pre-activations), YaRN on the CSA / HCA layers' rope
+# as published (transformers' config gives it to the "compress" rope only, attention_factor 1).  The 50-token test prompt passes
+# the window, the top-k and several HCA entries.
+_TINY_DEEPSEEK_V4 = dict(
+    vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, head_dim=32,
+    q_lora_rank=32, partial_rotary_factor=0.25, num_experts_per_tok=2, n_routed_experts=8,
+    layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+    mlp_layer_types=["hash_moe", "moe", "moe"],
+    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, hc_mult=3,
+    hc_sinkhorn_iters=5, sliding_window=8, o_groups=2, o_lora_rank=16, index_n_heads=16, index_head_dim=16,
+    index_topk=3, swiglu_limit=0.2, max_position_embeddings=512, tie_word_embeddings=False,
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "beta_fast": 32,
+                     "beta_slow": 1},
+)
+
+# DeepSeek's names outside the layers, and layers without transformers' "model." (transformers' conversion reads
+# them; its save_pretrained writes them back under "model." with its own spellings)
+_DEEPSEEK_V4_PUBLISHED_NAMES = (
+    (r"^model\.embed_tokens\.weight$", "embed.weight"), (r"^model\.norm\.weight$", "norm.weight"),
+    (r"^model\.hc_head\.hc_(fn|base|scale)$", r"hc_head_\1"), (r"^model\.layers\.", "layers."),
+)
 
 # A tiny Kimi-K2.5: the tiny DeepSeek-V3 above under a two-block MoonViT tower of 8-pixel patches (head 32, an 8x8
 # learned position grid resampled to each image) whose 2x2-merged patches land in the decoder's width.
@@ -246,6 +272,11 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             "GlmMoeDsaForCausalLM", "atom_core.models.deepseek_v32:GlmMoeDsaForCausalLM", "deepseek_v32",
             "transformers:GlmMoeDsaForCausalLM", "glm_moe_dsa", capabilities=frozenset({TEXT, MLA, SPARSE_ATTENTION}),
             quant_formats=("fp8-block",), tiny=_TINY_GLM_MOE_DSA,
+        ),
+        ArchSpec(
+            "DeepseekV4ForCausalLM", "atom_core.models.deepseek_v4:DeepseekV4ForCausalLM", "deepseek_v4",
+            "transformers:DeepseekV4ForCausalLM", "deepseek_v4", capabilities=frozenset({TEXT, COMPRESSED_ATTENTION}),
+            tiny=_TINY_DEEPSEEK_V4, published_names=_DEEPSEEK_V4_PUBLISHED_NAMES,
         ),
         ArchSpec(
             "MiniMaxM2ForCausalLM", "atom_core.models.minimax_m2:MiniMaxM2ForCausalLM", "minimax_m2",

@@ -85,6 +85,7 @@ class Host(Protocol):
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
         mla: LatentAttentionSpec | None = None,
+        compressed: CompressedAttentionSpec | None = None,
     ) -> nn.Module:
         """A module with ``forward(q, k, v) -> out`` over this step's tokens.
 
@@ -99,6 +100,11 @@ class Host(Protocol):
         shared rotated key ``k_pe`` ``[T, qk_rope_head_dim]``; ``out`` is ``[T, num_heads * v_head_dim]``.
         The host caches ``kv_c | k_pe`` per token and owns how ``mla.kv_b_proj`` is applied (expanded
         keys/values, or absorbed into the query and output).
+
+        With ``compressed`` (a :class:`CompressedAttentionSpec`, DeepSeek-V4) the layer has one key head that is
+        also its value, ``sliding_window`` and ``sinks`` are given, and ``forward(q, kv, compress, index)`` takes
+        ``q`` ``[T, num_heads, head_dim]``, ``kv`` ``[T, head_dim]`` and the compressor's (and indexer's) per-token
+        projections; see the spec.
         """
         ...
 
@@ -153,6 +159,42 @@ class SparseSelectionSpec:
     topk: int
     index_scale: float
     own_indexer: bool = True
+
+
+@dataclass(frozen=True, eq=False)
+class CompressedAttentionSpec:
+    """DeepSeek-V4's compressed attention (CSA and HCA layers).  Each query attends, in one softmax with the
+    layer's sinks, to the shared ``kv`` of the last ``sliding_window`` tokens and to *compressed entries*: one per
+    ``compress_rate`` tokens, pooled from that window's compressor projections once its last token is known.
+
+    ``forward(q, kv, compress=(kv_raw, gate_raw), index=None | (index_q, kv_raw, gate_raw, weights))``:
+    ``compress`` holds the step's compressor projections ``[T, raw_dim]`` each; the host keeps them per token and,
+    at a window's last token (position ``p`` with ``(p + 1) % compress_rate == 0``), calls
+    ``compressor.pool(kv [N, L, raw_dim], gate [N, L, raw_dim], valid [N, L], start [N]) -> [N, head_dim]`` over
+    the ``L`` tokens ending at ``p`` (``L = 2 · compress_rate`` with ``overlap``, else ``compress_rate``; ``valid``
+    False before position 0; ``start = p - compress_rate + 1``, the window's first position).
+
+    Without an ``indexer`` (HCA) a query sees every entry whose window it has passed; with one (CSA) only the
+    ``indexer.topk`` of them that score highest, ``Σ_h weights_h · relu(indexer.scale · index_q_h · k)`` over the
+    index keys the indexer's own compressor pools the same way (:class:`CompressedIndexerSpec`)."""
+
+    compress_rate: int
+    overlap: bool
+    raw_dim: int
+    compressor: nn.Module
+    indexer: CompressedIndexerSpec | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class CompressedIndexerSpec:
+    """The lightning indexer of a CSA layer: ``head_dim``-wide index keys pooled by ``compressor`` from its
+    ``raw_dim``-wide projections (two series, as the layer's), ``topk`` entries kept per query."""
+
+    head_dim: int
+    topk: int
+    scale: float
+    raw_dim: int
+    compressor: nn.Module
 
 
 # --------------------------------------------------------------------------- linear-attention state

@@ -130,27 +130,29 @@ def _topk_routing_traced(router_logits, top_k, *, scoring="softmax", renormalize
 def _fused_moe_fake(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
                     expert_map: Tensor | None, quant_format: str | None, w13_scale: Tensor | None,
                     w2_scale: Tensor | None, block_shape: list[int] | None, act_dtype: torch.dtype | None,
-                    w13_bias: Tensor | None, w2_bias: Tensor | None, activation: str) -> Tensor:
+                    w13_bias: Tensor | None, w2_bias: Tensor | None, activation: str,
+                    swiglu_limit: float | None = None) -> Tensor:
     return hidden.new_empty(hidden.shape)
 
 
 def _fused_moe_impl(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant_format, w13_scale, w2_scale,
-                    block_shape, act_dtype, w13_bias, w2_bias, activation):
+                    block_shape, act_dtype, w13_bias, w2_bias, activation, swiglu_limit=None):
     quant = None
     if quant_format is not None:
         quant = ExpertQuant(quant_format, w13_scale, w2_scale, tuple(block_shape) if block_shape else None, act_dtype)
     return _eager("fused_moe")(hidden, w13, w2, topk_weights, topk_ids, expert_map=expert_map, quant=quant,
-                               w13_bias=w13_bias, w2_bias=w2_bias, activation=activation)
+                               w13_bias=w13_bias, w2_bias=w2_bias, activation=activation,
+                               **({"swiglu_limit": swiglu_limit} if swiglu_limit is not None else {}))
 
 
 _fused_moe = define("fused_moe", _fused_moe_fake, _fused_moe_impl)
 
 
 def _fused_moe_traced(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None,
-                      w13_bias=None, w2_bias=None, activation="silu"):
+                      w13_bias=None, w2_bias=None, activation="silu", swiglu_limit=None):
     if config is not None:
         raise ValueError("fused_moe: a kernel config is for benchmarks; it cannot be traced by torch.compile")
-    biases = (w13_bias, w2_bias, activation)
+    biases = (w13_bias, w2_bias, activation, swiglu_limit)
     if quant is None:
         return _fused_moe(hidden, w13, w2, topk_weights, topk_ids, expert_map, None, None, None, None, None, *biases)
     block = list(quant.block_shape) if quant.block_shape is not None else None
@@ -248,13 +250,14 @@ def _topk_indices_fake(scores: Tensor, k: int) -> Tensor:
 _topk_indices = define("topk_indices", _topk_indices_fake, lambda scores, k: _eager("topk_indices")(scores, k))
 
 
-def _sparse_mla_fake(q: Tensor, cache: Tensor, slots: Tensor, scale: float, kv_lora_rank: int) -> Tensor:
+def _sparse_mla_fake(q: Tensor, cache: Tensor, slots: Tensor, scale: float, kv_lora_rank: int,
+                     sinks: Tensor | None = None) -> Tensor:
     return q.new_empty((q.shape[0], q.shape[1], kv_lora_rank))
 
 
 _sparse_mla = define("sparse_mla", _sparse_mla_fake,
-                     lambda q, cache, slots, scale, kv_lora_rank:
-                     _eager("sparse_mla")(q, cache, slots, scale, kv_lora_rank))
+                     lambda q, cache, slots, scale, kv_lora_rank, sinks=None:
+                     _eager("sparse_mla")(q, cache, slots, scale, kv_lora_rank, sinks))
 
 
 def _paged_attention_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
@@ -308,7 +311,8 @@ TRACED: dict[str, Callable] = {
     "indexer_scores": lambda q, weights, k_cache, block_table, token_seq, token_pos, scale:
         _indexer_scores(q, weights, k_cache, block_table, token_seq, token_pos, scale),
     "topk_indices": lambda scores, k: _topk_indices(scores, k),
-    "sparse_mla": lambda q, cache, slots, scale, kv_lora_rank: _sparse_mla(q, cache, slots, scale, kv_lora_rank),
+    "sparse_mla": lambda q, cache, slots, scale, kv_lora_rank, sinks=None:
+        _sparse_mla(q, cache, slots, scale, kv_lora_rank, sinks),
     "paged_attention": _paged_attention_traced,
     "reshape_and_cache": _reshape_and_cache_traced,
 }

@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 
 from atom_core import catalog
-from atom_core.catalog import HYBRID, MLA, MROPE, MULTIMODAL, SPARSE_ATTENTION, TEXT
+from atom_core.catalog import COMPRESSED_ATTENTION, HYBRID, MLA, MROPE, MULTIMODAL, SPARSE_ATTENTION, TEXT
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,13 @@ EXTENSIONS: dict[str, Extension] = {
         "step runs atom-kernels' indexer_scores / topk_indices / sparse_mla over those pools through req_to_token "
         "(SGLang's attention backend is not called for these layers); an unpooled index (index_kpool 1), a bf16/fp32 "
         "latent, no decode context parallelism, no speculative decoding, no CUDA graphs"
+    ),
+    COMPRESSED_ATTENTION: Extension(
+        "SGLangHost.attention(compressed=CompressedAttentionSpec(...)): DeepSeek-V4's caches in SGLang (the "
+        "sliding window of shared K=V, the compressors' partial windows, the compressed entries, the CSA index "
+        "keys) and the step over them (atom_core.runtime.compressed_attention is the native host's); not "
+        "started: DeepSeek-V4 runs in the native runner only",
+        implemented=False,
     ),
     "pipeline-parallel": Extension(
         "models built for a [start_layer, end_layer) slice with start_layer/end_layer attributes, PPProxyTensors "

@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass
 
 from atom_core import catalog
-from atom_core.catalog import HYBRID, MLA, MROPE, MULTIMODAL, SPARSE_ATTENTION, TEXT
+from atom_core.catalog import COMPRESSED_ATTENTION, HYBRID, MLA, MROPE, MULTIMODAL, SPARSE_ATTENTION, TEXT
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,13 @@ EXTENSIONS: dict[str, Extension] = {
         "VllmHost.attention(mla=LatentAttentionSpec(sparse=...)): the sparse step over vLLM's latent cache and the "
         "indexer-key cache (atom_vllm.sparse, built): indexer scores, top-k and latent attention over the selected "
         "rows, with ATOM's kernels or vLLM's sparse MLA backend (GPU-only; vLLM's CPU platform refuses sparse layers)",
+        implemented=False,
+    ),
+    COMPRESSED_ATTENTION: Extension(
+        "VllmHost.attention(compressed=CompressedAttentionSpec(...)): DeepSeek-V4's caches in vLLM (the "
+        "sliding window of shared K=V, the compressors' partial windows, the compressed entries, the CSA index "
+        "keys) and the step over them (atom_core.runtime.compressed_attention is the native host's); not "
+        "started: DeepSeek-V4 runs in the native runner only",
         implemented=False,
     ),
     "pipeline-parallel": Extension(

@@ -128,12 +128,13 @@ class FusedMoE(nn.Module):
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, host: Host, prefix: str = "",
                  reduce_results: bool = True, params_dtype: torch.dtype | None = None, activation: str = "silu",
-                 bias: bool = False):
+                 bias: bool = False, swiglu_limit: float | None = None):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise UnsupportedConfigError(f"{prefix}: expert activation {activation!r} is not supported ({', '.join(ACTIVATIONS)})")
         self.prefix = prefix
         self.activation = activation
+        self.swiglu_limit = swiglu_limit  # silu's gate and up clamped to it first (DeepSeek-V4); None: no clamp
         self.tp = host.tp
         self.reduce_results = reduce_results
         self.num_experts = num_experts
@@ -166,10 +167,11 @@ class FusedMoE(nn.Module):
             self.w2_bias = self.expert_param((self.num_local_experts, hidden_size), dtype, "w2", whole=True)
 
     def kernel_options(self) -> dict[str, Any]:
-        """The activation and biases every MoE method passes to ``fused_moe``.  Under tensor parallelism the
-        down bias is added by rank 0 only (the ranks' partial outputs are summed)."""
+        """The activation, its clamp and the biases every MoE method passes to ``fused_moe``.  Under tensor
+        parallelism the down bias is added by rank 0 only (the ranks' partial outputs are summed)."""
         w2_bias = self.w2_bias if (self.expert_parallel or self.tp.rank == 0) else None
-        return {"activation": self.activation, "w13_bias": self.w13_bias, "w2_bias": w2_bias}
+        clamp = {"swiglu_limit": self.swiglu_limit} if self.swiglu_limit is not None else {}
+        return {"activation": self.activation, "w13_bias": self.w13_bias, "w2_bias": w2_bias, **clamp}
 
     # ----------------------------------------------------------------------------------- params
     def expert_param(self, shape: tuple[int, ...], dtype: torch.dtype, group: str, *, inter_divisor: int = 1,

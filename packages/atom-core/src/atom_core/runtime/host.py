@@ -10,6 +10,7 @@ from torch import nn
 from atom_core.errors import UnsupportedConfigError
 from atom_core.host import SingleRank, TensorParallel
 from atom_core.runtime.attention import PagedAttention
+from atom_core.runtime.compressed_attention import CompressedAttention
 from atom_core.runtime.context import StepContext
 from atom_core.runtime.kv_cache import KVCache
 from atom_core.runtime.latent_attention import LatentAttention
@@ -30,7 +31,7 @@ class NativeHost:
         self.quant = quant
         self.context: StepContext | None = None
         self.kv_cache: KVCache | None = None
-        self.attention_layers: list[PagedAttention | LatentAttention] = []
+        self.attention_layers: list[PagedAttention | LatentAttention | CompressedAttention] = []
         self.state_specs: list[StateSpec] = []
         self.state_pool: StatePool | None = None
         # this step's top-k positions from the last sparse attention layer with its own indexer (GLM-5's shared
@@ -38,7 +39,16 @@ class NativeHost:
         self.sparse_selection: torch.Tensor | None = None
 
     def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                  *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
+                  *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None,
+                  compressed: Any = None) -> nn.Module:
+        if compressed is not None:
+            if mla is not None or sliding_window is None or sinks is None or num_kv_heads != 1:
+                raise UnsupportedConfigError(f"{prefix}: compressed attention takes one shared K=V head, a sliding "
+                                             "window and sinks, and no latent attention")
+            layer = CompressedAttention(self, len(self.attention_layers), num_heads, head_dim, scale, sliding_window,
+                                        sinks, compressed)
+            self.attention_layers.append(layer)
+            return layer
         if mla is not None:
             if sliding_window is not None or sinks is not None:
                 raise UnsupportedConfigError(f"{prefix}: latent attention with a sliding window or sinks")

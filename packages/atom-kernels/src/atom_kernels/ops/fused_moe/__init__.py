@@ -1,7 +1,7 @@
 """Fused mixture-of-experts: the routed experts' SwiGLU MLPs, weighted and summed per token.
 
 ``fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None, w13_bias=None,
-w2_bias=None, activation="silu") -> out``
+w2_bias=None, activation="silu", swiglu_limit=None) -> out``
 
 * ``hidden``: ``[T, H]`` fp32 / fp16 / bf16;
 * ``w13``: ``[E, 2I, H]``: expert e's gate projection in rows ``[0, I)``, its up projection in
@@ -18,7 +18,9 @@ w2_bias=None, activation="silu") -> out``
 * ``w13_bias`` ``[E, 2I]`` (gate then up, as ``w13``'s rows) / ``w2_bias`` ``[E, H]``: optional expert biases,
   added to each GEMM's fp32 accumulator (the down bias before the routing weight);
 * ``activation``: ``"silu"`` (``silu(gate) · up``) or ``"swigluoai"`` (gpt-oss: ``g · σ(1.702 g) · (u + 1)``
-  with ``g = min(gate, 7)``, ``u = clamp(up, -7, 7)``).
+  with ``g = min(gate, 7)``, ``u = clamp(up, -7, 7)``);
+* ``swiglu_limit``: optional, with ``"silu"``: ``silu(min(gate, limit)) · clamp(up, -limit, limit)`` (DeepSeek-V4;
+  the quantized Triton paths and AITER decline it).
 
 ``out[t] = Σ_j topk_weights[t, j] · w2[e] (silu(w13[e, :I] h_t) ⊙ (w13[e, I:] h_t))`` with
 ``e = expert_map[topk_ids[t, j]]`` (pairs with ``e = -1`` contribute zero; the caller all-reduces over

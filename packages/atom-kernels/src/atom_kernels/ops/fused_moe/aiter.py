@@ -14,9 +14,9 @@ import torch
 
 
 def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None,
-                w13_bias=None, w2_bias=None, activation="silu") -> str | None:
-    if w13_bias is not None or w2_bias is not None or activation != "silu":
-        return "the AITER wrapper has no expert biases or activations other than silu"
+                w13_bias=None, w2_bias=None, activation="silu", swiglu_limit=None) -> str | None:
+    if w13_bias is not None or w2_bias is not None or activation != "silu" or swiglu_limit is not None:
+        return "the AITER wrapper has no expert biases, clamps or activations other than silu"
     if quant is not None:
         return "the AITER wrapper has no quantized expert-weight path yet"
     if hidden.dtype not in (torch.float16, torch.bfloat16):
@@ -25,7 +25,7 @@ def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, qua
 
 
 def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None,
-              w13_bias=None, w2_bias=None, activation="silu"):
+              w13_bias=None, w2_bias=None, activation="silu", swiglu_limit=None):
     from aiter import ActivationType, QuantType
     from aiter.fused_moe import fused_moe as aiter_fused_moe
 

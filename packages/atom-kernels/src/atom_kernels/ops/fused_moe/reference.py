@@ -12,9 +12,12 @@ ACTIVATIONS = ("silu", "swigluoai")
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 
 
-def activate(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
-    """The expert activation on fp32 gate and up rows."""
+def activate(gate: torch.Tensor, up: torch.Tensor, activation: str, swiglu_limit: float | None = None) -> torch.Tensor:
+    """The expert activation on fp32 gate and up rows (``swiglu_limit``: silu's gate clamped to at most it and
+    its up to ±it first, DeepSeek-V4)."""
     if activation == "silu":
+        if swiglu_limit is not None:
+            gate, up = gate.clamp(max=swiglu_limit), up.clamp(-swiglu_limit, swiglu_limit)
         return F.silu(gate) * up
     gate = gate.clamp(max=SWIGLU_LIMIT)
     up = up.clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
@@ -22,9 +25,11 @@ def activate(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Ten
 
 
 def check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant, w13_bias=None, w2_bias=None,
-               activation="silu") -> None:
+               activation="silu", swiglu_limit=None) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"fused_moe: activation {activation!r} is not one of {ACTIVATIONS}")
+    if swiglu_limit is not None and (activation != "silu" or not swiglu_limit > 0):
+        raise ValueError(f"fused_moe: swiglu_limit {swiglu_limit!r} must be positive and goes with activation 'silu'")
     size = hidden.shape[-1]
     if w13_bias is not None and (w13_bias.dim() != 2 or w13_bias.shape[0] != w13.shape[0]):
         raise ValueError(f"fused_moe: w13_bias {tuple(w13_bias.shape)} must be [E, 2I] with E={w13.shape[0]}")
@@ -51,8 +56,8 @@ def check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant, w13_b
 
 
 def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None,
-              w13_bias=None, w2_bias=None, activation="silu"):
-    check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant, w13_bias, w2_bias, activation)
+              w13_bias=None, w2_bias=None, activation="silu", swiglu_limit=None):
+    check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant, w13_bias, w2_bias, activation, swiglu_limit)
     tokens, top_k = topk_ids.shape
     ids = topk_ids.long()
     local = expert_map.long()[ids] if expert_map is not None else ids
@@ -66,7 +71,7 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant
         x = quantize_activation(hidden[token].float(), quant)
         b13 = w13_bias[expert].float() if w13_bias is not None else None
         gate, up = F.linear(x, gate_up, b13).chunk(2, dim=-1)
-        act = quantize_activation(activate(gate, up, activation).to(hidden.dtype).float(), quant)
+        act = quantize_activation(activate(gate, up, activation, swiglu_limit).to(hidden.dtype).float(), quant)
         b2 = w2_bias[expert].float() if w2_bias is not None else None
         y = F.linear(act, down, b2) * topk_weights[token, slot].float()[:, None]
         out.index_add_(0, token, y)

@@ -33,7 +33,9 @@ _ALPHA, _LIMIT = tl.constexpr(SWIGLU_ALPHA), tl.constexpr(SWIGLU_LIMIT)
 
 
 def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None, config=None,
-                w13_bias=None, w2_bias=None, activation="silu") -> str | None:
+                w13_bias=None, w2_bias=None, activation="silu", swiglu_limit=None) -> str | None:
+    if quant is not None and swiglu_limit is not None:
+        return "the quantized Triton fused MoE has no swiglu_limit clamp"
     for name, bias in (("w13_bias", w13_bias), ("w2_bias", w2_bias)):
         if bias is not None and bias.stride(-1) != 1:
             return f"{name} must have contiguous rows"
@@ -71,11 +73,11 @@ def load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS: tl.constexpr):
 @triton.jit
 def _moe_up_kernel(
     x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, act_ptr, sorted_ptr, block_experts_ptr,
-    num_pairs, num_row_blocks, b_ptr, b_stride_e,
+    num_pairs, num_row_blocks, b_ptr, b_stride_e, limit,
     TOP_K: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr = False, SWIGLU: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    CLAMP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
     block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
@@ -115,6 +117,9 @@ def _moe_up_kernel(
     if HAS_BIAS:
         gate += load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS)[None, :]
         up += load_bias(b_ptr, expert, b_stride_e, cols + I, col_ok, HAS_BIAS)[None, :]
+    if CLAMP:  # swiglu_limit (DeepSeek-V4): gate <= limit, |up| <= limit before silu(gate) * up
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
     act = expert_activation(gate, up, SWIGLU)
     out_ptrs = act_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :]
     tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -189,8 +194,9 @@ def _launch_grid(num_row_blocks: int, cols: int, block_n: int) -> tuple[int]:
 
 
 def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None,
-              config: MoeKernelConfig | None = None, w13_bias=None, w2_bias=None, activation="silu"):
-    check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant, w13_bias, w2_bias, activation)
+              config: MoeKernelConfig | None = None, w13_bias=None, w2_bias=None, activation="silu",
+              swiglu_limit=None):
+    check_args(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant, w13_bias, w2_bias, activation, swiglu_limit)
     if quant is not None:
         from atom_kernels.ops.fused_moe.triton_quant import fused_moe_quant
 
@@ -222,10 +228,10 @@ def fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant
     b2 = w2_bias if w2_bias is not None else w2
     _moe_up_kernel[_launch_grid(num_row_blocks, inter, up.block_n)](
         hidden, hidden.stride(0), w13, w13.stride(0), w13.stride(1), act, sorted_ids, block_experts,
-        num_pairs, num_row_blocks, b13, b13.stride(0),
+        num_pairs, num_row_blocks, b13, b13.stride(0), float(swiglu_limit or 0.0),
         TOP_K=top_k, H=size, I=inter, BLOCK_M=cfg.block_m, BLOCK_N=up.block_n, BLOCK_K=up.block_k,
         GROUP_M=cfg.group_m, IEEE=ieee, UPCAST=upcast, HAS_BIAS=w13_bias is not None,
-        SWIGLU=activation == "swigluoai",
+        SWIGLU=activation == "swigluoai", CLAMP=swiglu_limit is not None,
         **pdl_launch, num_warps=up.num_warps, num_stages=up.num_stages,
     )
     pair_out = out if top_k == 1 else torch.empty((num_pairs, size), dtype=hidden.dtype, device=hidden.device)

@@ -17,7 +17,7 @@ BLOCK_H = 16
 BLOCK_N = 32
 
 
-def unsupported(q, cache, slots, scale, kv_lora_rank) -> str | None:
+def unsupported(q, cache, slots, scale, kv_lora_rank, sinks=None) -> str | None:
     return latent_cache_unsupported(q, cache, kv_lora_rank, MAX_LATENT)
 
 
@@ -35,12 +35,12 @@ def _step(k0, m, l, acc, q_lat, q_pe, cache_ptr, slot_row_ptr, K, cols_l, cols_r
 
 @triton.jit
 def _sparse_kernel(
-    q_ptr, cache_ptr, slots_ptr, o_ptr,
+    q_ptr, cache_ptr, slots_ptr, o_ptr, sinks_ptr,
     sq_t, sq_h, sc_blk, sc_tok, ss_t, so_t, so_h,
     H, K, scale_log2,
     L: tl.constexpr, R: tl.constexpr, BL: tl.constexpr, BR: tl.constexpr, PAGE: tl.constexpr,
     HEAD_GROUPS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr, USE_WHILE: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr, USE_WHILE: tl.constexpr, HAS_SINKS: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     t = (pid // HEAD_GROUPS).to(tl.int64)
@@ -67,25 +67,31 @@ def _sparse_kernel(
         for k0 in range(0, K, BLOCK_N):
             m, l, acc = _step(k0, m, l, acc, q_lat, q_pe, cache_ptr, slot_row_ptr, K, cols_l, cols_r, l_ok, r_ok,
                               sc_blk, sc_tok, scale_log2, L, PAGE, BLOCK_N, DOT, PREC)
+    if HAS_SINKS:  # the sink's logit (base 2, pre-scaled) joins the softmax and adds no value
+        sink = tl.load(sinks_ptr + heads, mask=h_ok, other=0.0)
+        m_end = tl.maximum(m, sink)
+        l = l * tl.exp2(m - m_end) + tl.exp2(sink - m_end)
+        acc = acc * tl.exp2(m - m_end)[:, None]
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # no slot selected: zeros
     o_tile = o_ptr + t * so_t + heads[:, None] * so_h + cols_l[None, :]
     tl.store(o_tile, out.to(o_ptr.dtype.element_ty), mask=h_ok[:, None] & l_ok[None, :])
 
 
-def sparse_mla(q, cache, slots, scale, kv_lora_rank):
-    check_sparse_mla_args(q, cache, slots, kv_lora_rank)
+def sparse_mla(q, cache, slots, scale, kv_lora_rank, sinks=None):
+    check_sparse_mla_args(q, cache, slots, kv_lora_rank, sinks)
     tokens, heads, dim = q.shape
     latent, rope = kv_lora_rank, dim - kv_lora_rank
     out = torch.empty(tokens, heads, latent, dtype=q.dtype, device=q.device)
     if tokens == 0:
         return out
     head_groups = triton.cdiv(heads, BLOCK_H)
+    sinks_log2 = (sinks.float() * LOG2E).contiguous() if sinks is not None else out  # (never read without sinks)
     _sparse_kernel[(tokens * head_groups,)](
-        q, cache, slots, out,
+        q, cache, slots, out, sinks_log2,
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), slots.stride(0), out.stride(0), out.stride(1),
         heads, slots.shape[1], scale * LOG2E,
         L=latent, R=rope, BL=triton.next_power_of_2(latent), BR=max(16, triton.next_power_of_2(rope)),
         PAGE=cache.shape[1], HEAD_GROUPS=head_groups, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N,
-        DOT=dot_dtype(q.dtype), PREC=dot_precision(q.dtype), USE_WHILE=use_while(),
+        DOT=dot_dtype(q.dtype), PREC=dot_precision(q.dtype), USE_WHILE=use_while(), HAS_SINKS=sinks is not None,
     )
     return out
