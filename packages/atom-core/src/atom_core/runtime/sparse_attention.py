@@ -81,8 +81,11 @@ def sparse_step(layer: LatentAttention, q: torch.Tensor, kv_c: torch.Tensor, k_p
     num_tokens, heads = q.shape[0], layer.num_heads
     written = slot_mapping.shape[0]
     latent = torch.cat([kv_c, k_pe], dim=-1).view(num_tokens, 1, -1)
-    index_k = index[1].reshape(num_tokens, 1, -1) if index is not None else latent[..., :0]
-    reshape_and_cache(latent[:written], index_k[:written].to(index_cache.dtype), cache, index_cache, slot_mapping)
+    if index is not None:
+        index_k, key_cache = index[1].reshape(num_tokens, 1, -1), index_cache
+    else:  # a shared layer writes no indexer key (a host may still give it the columns)
+        index_k, key_cache = latent[..., :0], index_cache[..., :0]
+    reshape_and_cache(latent[:written], index_k[:written].to(key_cache.dtype), cache, key_cache, slot_mapping)
     block_size = cache.shape[1]
     token_seq, token_pos = token_positions(query_start_loc, seq_lens, num_tokens)
     if index is not None:
