@@ -442,7 +442,8 @@ def _sparse_forward(model, vllm_config, model_dir: str) -> dict | None:
     block_table = order.view(2, blocks_per_seq).to(torch.int32)
     for layer in layers.values():
         spec = layer.get_kv_cache_spec(vllm_config)
-        layer.bind_kv_cache(torch.full((2 * blocks_per_seq + 1, block_size, spec.head_size), float("nan"),
+        # the view vLLM 0.32+ binds: [blocks, heads = 1, block_size, row] (vllm.v1.kv_cache_interface)
+        layer.bind_kv_cache(torch.full((2 * blocks_per_seq + 1, 1, block_size, spec.head_size), float("nan"),
                                        dtype=spec.dtype))
 
     def step(tokens: list[list[int]], starts: list[int]) -> torch.Tensor:

@@ -16,8 +16,8 @@ atom-core's native step (:func:`atom_core.runtime.sparse_attention.sparse_step`)
     out       = sparse_mla(absorbed q, the latent rows at those positions)
 
 Refused at construction, in one line each: an FP8 (or any non-model-dtype) KV cache, decode context parallelism,
-speculative decoding.  A step captured in a CUDA graph is refused at its first forward (serve with
-``enforce_eager``): the step has not been checked under vLLM's graph padding.
+speculative decoding.  Refused at the first forward: a step captured in a CUDA graph (serve with ``enforce_eager``:
+the step has not been checked under vLLM's graph padding) and vLLM's micro-batches (dual-batch overlap).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from atom_core.errors import UnsupportedConfigError
 from atom_core.host import LatentAttentionSpec
 from atom_core.runtime.latent_attention import LatentAttention
 from atom_core.runtime.sparse_attention import sparse_step
+from atom_vllm import compat
 
 MODEL_DTYPE_CACHES = ("auto", "float16", "bfloat16", "float")  # vLLM's cache_dtype values that store the model dtype
 SPEC_MODULE = "vllm.v1.kv_cache_interface"  # MLAAttentionSpec, every supported release
@@ -92,14 +93,6 @@ def backend_class() -> type:
     return _BACKEND
 
 
-def cache_rows(kv_cache: Any) -> torch.Tensor:
-    """vLLM's bound cache of a layer as ``[blocks, block_size, row]``: 0.26.0 binds a list (one tensor per virtual
-    engine), later releases the tensor; the MLA cache is ``[blocks, block_size, row]`` or ``[blocks, 1, block_size,
-    row]`` (0.32+'s logical shape with its one head)."""
-    cache = kv_cache[0] if isinstance(kv_cache, (list, tuple)) else kv_cache
-    return cache.squeeze(1) if cache.dim() == 4 else cache
-
-
 class _SparseLatentAttention(LatentAttention):
     """``forward(q, kv_c, k_pe, index) -> out`` over vLLM's paged cache: a vLLM attention layer (vLLM finds it in its
     forward context, sizes its cache from :meth:`get_kv_cache_spec` and binds it as ``kv_cache``) that is atom-core's
@@ -141,10 +134,13 @@ class _SparseLatentAttention(LatentAttention):
             raise UnsupportedConfigError(f"{self.layer_name}: atom-vllm's sparse attention is not run in CUDA graphs; "
                                          "serve with enforce_eager (--enforce-eager)")
         metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, list):  # one metadata dict per micro-batch
+            raise UnsupportedConfigError(f"{self.layer_name}: atom-vllm's sparse attention does not run vLLM's "
+                                         "micro-batches (dual-batch overlap); serve without --enable-dbo")
         md = metadata.get(self.layer_name) if isinstance(metadata, dict) else None
         if md is None:  # vLLM's profiling and warm-up runs: no cache bound, nothing to attend
             return q.new_zeros(q.shape[0], self.num_heads * self.v_dim)
-        rows = cache_rows(self.kv_cache)[..., None, :]  # [blocks, block_size, 1, row]
+        rows = compat.latent_cache_rows(self.kv_cache)[..., None, :]  # [blocks, block_size, 1, row]
         latent = self.kv_lora_rank + self.rope_dim
         out, host.sparse_selection = sparse_step(
             self, q, kv_c, k_pe, index, rows[..., :latent], rows[..., latent:], md.slot_mapping, md.block_table,
