@@ -15,7 +15,7 @@ atom-core's native step (:func:`atom_core.runtime.sparse_attention.sparse_step`)
     positions = topk_indices(scores, topk)
     out       = sparse_mla(absorbed q, the latent rows at those positions)
 
-Refused at construction, in one line each: an FP8 (or any non-model-dtype) KV cache, decode context parallelism,
+Refused at construction, in one line each: any ``kv_cache_dtype`` but ``auto`` (FP8 caches among them), decode context parallelism,
 speculative decoding.  Refused at the first forward: a step captured in a CUDA graph (serve with ``enforce_eager``:
 the step has not been checked under vLLM's graph padding) and vLLM's micro-batches (dual-batch overlap).
 """
@@ -34,7 +34,7 @@ from atom_core.runtime.latent_attention import LatentAttention
 from atom_core.runtime.sparse_attention import sparse_step
 from atom_vllm import compat
 
-MODEL_DTYPE_CACHES = ("auto", "float16", "bfloat16", "float")  # vLLM's cache_dtype values that store the model dtype
+MODEL_DTYPE_CACHES = ("auto",)  # vLLM's cache_dtype values this layer serves: the model's dtype
 SPEC_MODULE = "vllm.v1.kv_cache_interface"  # MLAAttentionSpec, every supported release
 LAYER_BASE = "vllm.model_executor.layers.attention_layer_base"  # AttentionLayerBase, every supported release
 
