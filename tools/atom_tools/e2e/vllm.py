@@ -66,6 +66,10 @@ from atom_tools.e2e.driver import AGREEMENT_TOKENS, checkpoint_prompt_vocab, com
 _TRITON_GDN = {"additional_config": {"gdn_prefill_backend": "triton"}}
 ENGINE_ARGS: dict[str, dict] = {"qwen3-next-80b-a3b": _TRITON_GDN,
                                 "qwen3.5-35b-a3b": {**_TRITON_GDN, "language_model_only": True}}
+# by architecture, for models given with --checkpoint: atom-vllm's sparse attention runs eagerly only (it refuses
+# CUDA-graph capture, atom_vllm.sparse), so both implementations of DeepSeek-V3.2 / GLM-5 run eagerly
+ARCH_ENGINE_ARGS: dict[str, dict] = {"DeepseekV32ForCausalLM": {"enforce_eager": True},
+                                     "GlmMoeDsaForCausalLM": {"enforce_eager": True}}
 IMPLS: dict[str, dict[str, str]] = {"vllm": {"ATOM_DISABLE_VLLM_PLUGIN": "1"},
                                     "atom": {"ATOM_DISABLE_VLLM_PLUGIN": "0", "ATOM_TAKE_OVER": "all"}}
 # every engine: llm.apply_model ships a function to the worker (vLLM refuses pickled callables otherwise)
@@ -431,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.speculative:  # the same checkpoint, with its draft, for the plain engines and the drafting ones
             model_dir, method = drafts.with_draft(entry["arch"], model_dir, args.draft_agreeing)
             engines = impls + [drafts.drafting_name(i, method) for i in impls]
-        return compare(entry, model_dir, engines, args.batch_list, args, ENGINE_ARGS.get(entry["model"], {}), prompts,
-                       save)
+        engine_args = ENGINE_ARGS.get(entry["model"], ARCH_ENGINE_ARGS.get(entry["arch"], {}))
+        return compare(entry, model_dir, engines, args.batch_list, args, engine_args, prompts, save)
 
     driver.run(args, report, compare_one, given_format="real weights")
     print_table(report)

@@ -36,10 +36,9 @@ EXTENSIONS: dict[str, Extension] = {
         bases=(f"{INTERFACES}:SupportsLoRA",), flags=("is_text_generation_model", "supports_lora"),
     ),
     SPARSE_ATTENTION: Extension(
-        "VllmHost.attention(mla=LatentAttentionSpec(sparse=...)): the sparse step over vLLM's latent cache and the "
-        "indexer-key cache (atom_vllm.sparse, built): indexer scores, top-k and latent attention over the selected "
-        "rows, with ATOM's kernels or vLLM's sparse MLA backend (GPU-only; vLLM's CPU platform refuses sparse layers)",
-        implemented=False,
+        "VllmHost.attention(mla=LatentAttentionSpec(sparse=...)): atom_vllm.sparse's own attention layer over vLLM's "
+        "paged cache (latent row and indexer key per token, metadata from atom-vllm's backend builder), running "
+        "atom-core's sparse step (indexer scores, top-k, sparse MLA with ATOM's kernels); eager only",
     ),
     COMPRESSED_ATTENTION: Extension(
         "VllmHost.attention(compressed=CompressedAttentionSpec(...)): DeepSeek-V4's caches in vLLM (the "

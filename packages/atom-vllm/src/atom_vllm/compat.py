@@ -88,6 +88,14 @@ def attention_class() -> type:
     return importlib.import_module(attention_module(vllm_version())).Attention
 
 
+def latent_cache_rows(kv_cache):
+    """A latent-cache layer's bound cache (one row per token, one head) as ``[blocks, block_size, row]``: official
+    0.26.0 binds the tensor of the backend's ``get_kv_cache_shape`` (``[blocks, block_size, row]`` for
+    atom_vllm.sparse's backend); from 0.32 vLLM binds its own logical view ``[blocks, heads = 1, block_size, row]``
+    (``vllm.v1.kv_cache_interface.create_kv_cache_views``), whose head axis is dropped here."""
+    return kv_cache.squeeze(1) if kv_cache.dim() == 4 else kv_cache
+
+
 # ---- hybrid (linear-attention) models: vLLM's mamba-state contract -------------------------------------
 # vLLM's base of layers that own per-sequence state (Mamba, GDN, ...): ``MambaBase`` in
 # vllm.model_executor.layers.mamba.abstract in every supported release (and since 0.10.2).  Layers derived

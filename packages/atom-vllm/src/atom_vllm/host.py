@@ -4,7 +4,8 @@
   registered under the layer's dotted name; it reads the step's metadata (positions, sequence lengths, KV
   slots) from vLLM's forward context and owns the paged KV cache vLLM allocates for it.  ATOM's models
   pass it q/k/v of shape ``[T, heads * head_dim]``.  Latent attention (``mla=``) gets vLLM's ``MLAAttention``
-  over vLLM's latent cache (:mod:`atom_vllm.latent`).
+  over vLLM's latent cache (:mod:`atom_vllm.latent`); sparse latent attention (DeepSeek-V3.2, GLM-5) a layer
+  of atom-vllm's own over vLLM's paged cache (:mod:`atom_vllm.sparse`).
 * linear_attention_state: a vLLM ``MambaBase`` layer over vLLM's mamba-state cache (:mod:`atom_vllm.hybrid`).
 * tp: vLLM's tensor-parallel group (``vllm.distributed``).
 * quant: atom-core's own parse of the checkpoint's ``quantization_config``.
@@ -55,6 +56,9 @@ class VllmHost:
         self.quant = quant
         self.attention_layers: dict[str, nn.Module] = {}
         self.linear_attention_layers: dict[str, nn.Module] = {}
+        # this step's top-k positions from the last sparse attention layer with its own indexer (GLM-5's shared
+        # layers reuse them: atom_vllm.sparse)
+        self.sparse_selection: torch.Tensor | None = None
         # vLLM's attention backends take sinks in the model's dtype (FlashAttention-3 refuses fp32 ones; vLLM's own
         # gpt-oss stores them in bf16, as the checkpoints do)
         self.attention_sinks_dtype = vllm_config.model_config.dtype
@@ -71,15 +75,14 @@ class VllmHost:
     def attention(self, prefix: str, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   *, sliding_window: int | None = None, sinks: torch.Tensor | None = None, mla: Any = None) -> nn.Module:
         if mla is not None:
-            from atom_vllm.latent import latent_attention
+            if mla.sparse is not None:
+                from atom_vllm.sparse import sparse_latent_attention
 
-            if mla.sparse is not None:  # never silently dense: the capability is not implemented here
-                from atom_core.errors import UnsupportedConfigError
+                layer = sparse_latent_attention(self, prefix, num_heads, scale, mla)
+            else:
+                from atom_vllm.latent import latent_attention
 
-                raise UnsupportedConfigError(f"{prefix}: DeepSeek sparse attention (index_topk) is not implemented "
-                                             "in atom-vllm")
-
-            layer = latent_attention(self.vllm_config, prefix, num_heads, scale, mla)
+                layer = latent_attention(self.vllm_config, prefix, num_heads, scale, mla)
             self.attention_layers[prefix] = layer
             return layer
         extra = {"sinks": sinks} if sinks is not None else {}

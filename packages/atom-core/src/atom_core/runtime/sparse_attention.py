@@ -56,29 +56,50 @@ class SparseLatentAttention(LatentAttention):
                 index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         host = self._host[0]
         ctx = self._step_context()
-        if (index is not None) != self.sparse.own_indexer:
-            raise RuntimeError("a sparse attention layer takes the indexer's (q, k, weights) exactly when it has its own "
-                               "indexer")
         cache, index_cache = host.kv_cache.layers[self.cache_index]  # [blocks, bs, 1, latent], [blocks, bs, 1, index]
-        num_tokens, heads = q.shape[0], self.num_heads
-        latent = torch.cat([kv_c, k_pe], dim=-1).view(num_tokens, 1, -1)
-        index_k = index[1].reshape(num_tokens, 1, -1) if index is not None else latent[..., :0]
-        reshape_and_cache(latent, index_k.to(index_cache.dtype), cache, index_cache, ctx.slot_mapping)
-        block_size = cache.shape[1]
-        block_table, seq_lens = ctx.paged(block_size)
-        token_seq, token_pos = token_positions(ctx.query_start_loc(), seq_lens, num_tokens)
-        if index is not None:
-            index_q, _, weights = index
-            scores = indexer_scores(index_q.contiguous(), weights, index_cache[:, :, 0], block_table, token_seq,
-                                    token_pos, self.sparse.index_scale)
-            host.sparse_selection = topk_indices(scores, self.sparse.topk)
-        elif host.sparse_selection is None or host.sparse_selection.shape[0] != num_tokens:
-            raise RuntimeError("a shared sparse attention layer runs before any layer with its own indexer in this step")
-        slots = selected_slots(host.sparse_selection, block_table, token_seq, block_size)
-        q = q.view(num_tokens, heads, -1)
-        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
-        q_latent = torch.einsum("thn,hnl->thl", q_nope, self.w_uk.to(q.dtype))
-        q_abs = torch.cat([q_latent, q_pe], dim=-1).contiguous()
-        out_latent = sparse_mla(q_abs, cache[:, :, 0], slots, self.scale, self.kv_lora_rank)
-        out = torch.einsum("thl,hvl->thv", out_latent, self.w_uv.to(q.dtype))
-        return out.reshape(num_tokens, heads * self.v_dim)
+        block_table, seq_lens = ctx.paged(cache.shape[1])
+        out, host.sparse_selection = sparse_step(self, q, kv_c, k_pe, index, cache, index_cache, ctx.slot_mapping,
+                                                 block_table, seq_lens, ctx.query_start_loc(), host.sparse_selection)
+        return out
+
+
+def sparse_step(layer: LatentAttention, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
+                index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, cache: torch.Tensor,
+                index_cache: torch.Tensor, slot_mapping: torch.Tensor, block_table: torch.Tensor,
+                seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                selection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of ``layer`` (its ``sparse`` spec, ``w_uk`` / ``w_uv``, dims and scale) over a host's paged caches:
+    ``cache`` ``[blocks, block_size, 1, latent]`` and ``index_cache`` ``[blocks, block_size, 1, index_head_dim]``
+    (any strides; both addressed by ``slot_mapping`` / ``block_table``).  Writes the step's latents (and indexer
+    keys) at ``slot_mapping`` (one slot per token: tokens past it are padding, not written), selects with the
+    layer's own indexer or reuses ``selection`` (a shared layer), and returns (``[T, H * v_head_dim]``, the
+    selection ``[T, topk]`` the step used)."""
+    sparse = layer.sparse
+    if (index is not None) != sparse.own_indexer:
+        raise RuntimeError("a sparse attention layer takes the indexer's (q, k, weights) exactly when it has its own "
+                           "indexer")
+    num_tokens, heads = q.shape[0], layer.num_heads
+    written = slot_mapping.shape[0]
+    latent = torch.cat([kv_c, k_pe], dim=-1).view(num_tokens, 1, -1)
+    if index is not None:
+        index_k, key_cache = index[1].reshape(num_tokens, 1, -1), index_cache
+    else:  # a shared layer writes no indexer key (a host may still give it the columns)
+        index_k, key_cache = latent[..., :0], index_cache[..., :0]
+    reshape_and_cache(latent[:written], index_k[:written].to(key_cache.dtype), cache, key_cache, slot_mapping)
+    block_size = cache.shape[1]
+    token_seq, token_pos = token_positions(query_start_loc, seq_lens, num_tokens)
+    if index is not None:
+        index_q, _, weights = index
+        scores = indexer_scores(index_q.contiguous(), weights, index_cache[:, :, 0], block_table, token_seq,
+                                token_pos, sparse.index_scale)
+        selection = topk_indices(scores, sparse.topk)
+    elif selection is None or selection.shape[0] != num_tokens:
+        raise RuntimeError("a shared sparse attention layer runs before any layer with its own indexer in this step")
+    slots = selected_slots(selection, block_table, token_seq, block_size)
+    q = q.view(num_tokens, heads, -1)
+    q_nope, q_pe = q.split([layer.nope_dim, layer.rope_dim], dim=-1)
+    q_latent = torch.einsum("thn,hnl->thl", q_nope, layer.w_uk.to(q.dtype))
+    q_abs = torch.cat([q_latent, q_pe], dim=-1).contiguous()
+    out_latent = sparse_mla(q_abs, cache[:, :, 0], slots, layer.scale, layer.kv_lora_rank)
+    out = torch.einsum("thl,hvl->thv", out_latent, layer.w_uv.to(q.dtype))
+    return out.reshape(num_tokens, heads * layer.v_dim), selection
