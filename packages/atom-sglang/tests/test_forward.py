@@ -10,6 +10,7 @@ exercised (no GPU)."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -117,14 +118,47 @@ def check_against_transformers(arch: str, path: str, model, prefill_run=None, **
     return batch
 
 
+@contextlib.contextmanager
+def unified_op_on_cpu():
+    """SGLang 0.5.17's unified attention op (RadixAttention's call under its piecewise forward context: the backend
+    gets the layer SGLang's layer setup found for the layer id) is registered for CUDA only: on the CPU its Python
+    body stands in for it.  0.5.23's RadixAttention calls the backend with itself there, and has no such op."""
+    from sglang.srt.layers import radix_attention
+
+    impl = getattr(radix_attention, "_unified_attention_with_output_impl", None)
+    if impl is None:
+        yield
+        return
+
+    def op(query, key, value, output, save_kv_cache, layer_id, *, use_mha_companion=False, **kwargs):
+        return impl(query, key, value, output, save_kv_cache, layer_id, use_mha_companion, False, **kwargs)
+
+    original = radix_attention.unified_attention_with_output
+    radix_attention.unified_attention_with_output = op
+    try:
+        yield
+    finally:
+        radix_attention.unified_attention_with_output = original
+
+
 def prefill_graph_runner(model, ids, positions, batch):
     """SGLang's prefill CUDA-graph runner (breakable / full backends, on by default on CUDA) on one prefill step: the
-    body it resolves, called alone (the capture: its hidden states stand for the graph's output), then the wrapper's
-    forward with that output in place of the body's forward (the replay, the logits tail eager around it)."""
+    body it resolves, called alone inside SGLang's piecewise forward context (the capture: its hidden states stand for
+    the graph's output; RadixAttention then calls the backend through SGLang's unified attention op with the layer
+    SGLang's layer setup found for that layer id), then the wrapper's forward with that output in place of the body's
+    forward (the replay, the logits tail eager around it)."""
+    from sglang.srt.model_executor.model_runner_components.layer_setup import compute_attention_and_moe_layers
     from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import _resolve_transformer_layer_model
+    from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph.context_manager import (
+        set_tc_piecewise_forward_context,
+    )
 
     body = _resolve_transformer_layer_model(model)
-    captured = body.forward(ids, positions, batch, batch.input_embeds)
+    layers = compute_attention_and_moe_layers(body)
+    with set_tc_piecewise_forward_context(batch, layers.attention_layers, None, layers.moe_layers, layers.moe_fusions,
+                                          dsa_indexers=layers.dsa_indexers,
+                                          mha_companion_layers=layers.mha_companion_layers), unified_op_on_cpu():
+        captured = body.forward(ids, positions, batch, batch.input_embeds)
     replays = []
     original = body.forward
     body.forward = lambda *args, **kwargs: replays.append(args) or captured

@@ -27,6 +27,7 @@ from atom_core.errors import UnsupportedConfigError
 from atom_sglang import compat
 from atom_sglang.latent import SGLangLatentAttention, latent_attention
 from atom_sglang.linear_attention import SGLangLinearAttentionState
+from atom_sglang.radix_view import RadixAttentionView
 from atom_sglang.sparse import sparse_latent_attention
 
 
@@ -51,7 +52,7 @@ class SGLangTP:
         return self.group.all_gather(x, dim=dim)
 
 
-class SGLangAttention(nn.Module):
+class SGLangAttention(RadixAttentionView, nn.Module):
     """``forward(q, k, v) -> out`` over SGLang's RadixAttention, with this step's ForwardBatch taken from
     the host.  ``q``: ``[T, heads * head_dim]``; ``k``/``v``: ``[T, kv_heads * head_dim]``; ``out``:
     ``[T, heads * head_dim]``."""

@@ -30,6 +30,7 @@ from atom_core.host import LatentAttentionSpec
 from atom_core.quant.base import UnquantizedLinearMethod
 from atom_core.runtime.latent_attention import dense_weight
 from atom_sglang import compat
+from atom_sglang.radix_view import RadixAttentionView
 
 if TYPE_CHECKING:
     from atom_sglang.host import SGLangHost
@@ -51,7 +52,7 @@ def check_backend(backend: Any, layer_id: int) -> None:
         )
 
 
-class SGLangLatentAttention(nn.Module):
+class SGLangLatentAttention(RadixAttentionView, nn.Module):
     """``forward(q, kv_c, k_pe) -> out`` (atom-core's latent attention) over SGLang's latent KV pool.
 
     ``q`` ``[T, H * (nope + rope)]`` (rope applied), ``kv_c`` ``[T, kv_lora_rank]`` (normalised), ``k_pe``
