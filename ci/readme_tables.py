@@ -319,7 +319,7 @@ def e2e_table(host: str) -> str:
                            f"{ba['tpot_ms']['median']:.2f} | {bv['ttft_ms']['median']:.0f} / {ba['ttft_ms']['median']:.0f}"
                            f" | {v['startup_s']} / {a['startup_s']} | {_agreement(entry) if i == 0 else ''} "
                            f"| `{name}` ({tree}) |")
-    if len(out) == 2 and not others:
+    if len(out) == 2 and not others and not starts:
         return f"_No end-to-end {name_of} GPU results committed yet._"
     first = runs[0][1]
     batched = first["settings"].get("max_num_batched_tokens")
@@ -331,8 +331,11 @@ def e2e_table(host: str) -> str:
     engines_table = ["", "Other engine sets (`IMPL@BACKEND`: the host's attention backend; ratios against the first "
                      "engine of the run):", "", "| model (layers, weights) | batch | engine | tok/s (min-max) | vs first "
                      "| TPOT ms | TTFT ms | start-up s | run |", "|---|---|---|---|---|---|---|---|---|", *others]
-    return "\n".join([head, "", *(out if len(out) > 2 else []), *(engines_table if others else []),
-                      *(["", *(f"- {s}" for s in starts)] if starts else [])])
+    parts = [head, *(["", *out] if len(out) > 2 else []), *(engines_table if others else [])]
+    if starts:
+        parts += ["", "Servers or engines that started but were not timed (the run stopped before its timed runs):",
+                  "", *(f"- {s}" for s in starts)]
+    return "\n".join(parts)
 
 
 def _engines_rows(label: str, name: str, report: dict, entry: dict) -> list[str]:
