@@ -141,8 +141,7 @@ def _fused_moe_impl(hidden, w13, w2, topk_weights, topk_ids, expert_map, quant_f
     if quant_format is not None:
         quant = ExpertQuant(quant_format, w13_scale, w2_scale, tuple(block_shape) if block_shape else None, act_dtype)
     return _eager("fused_moe")(hidden, w13, w2, topk_weights, topk_ids, expert_map=expert_map, quant=quant,
-                               w13_bias=w13_bias, w2_bias=w2_bias, activation=activation,
-                               **({"swiglu_limit": swiglu_limit} if swiglu_limit is not None else {}))
+                               w13_bias=w13_bias, w2_bias=w2_bias, activation=activation, swiglu_limit=swiglu_limit)
 
 
 _fused_moe = define("fused_moe", _fused_moe_fake, _fused_moe_impl)

@@ -170,8 +170,8 @@ class FusedMoE(nn.Module):
         """The activation, its clamp and the biases every MoE method passes to ``fused_moe``.  Under tensor
         parallelism the down bias is added by rank 0 only (the ranks' partial outputs are summed)."""
         w2_bias = self.w2_bias if (self.expert_parallel or self.tp.rank == 0) else None
-        clamp = {"swiglu_limit": self.swiglu_limit} if self.swiglu_limit is not None else {}
-        return {"activation": self.activation, "w13_bias": self.w13_bias, "w2_bias": w2_bias, **clamp}
+        return {"activation": self.activation, "w13_bias": self.w13_bias, "w2_bias": w2_bias,
+                "swiglu_limit": self.swiglu_limit}
 
     # ----------------------------------------------------------------------------------- params
     def expert_param(self, shape: tuple[int, ...], dtype: torch.dtype, group: str, *, inter_divisor: int = 1,
