@@ -88,6 +88,18 @@ def attention_class() -> type:
     return importlib.import_module(attention_module(vllm_version())).Attention
 
 
+def register_forward_context_layer(vllm_config, name: str, layer) -> None:
+    """Put a layer of atom-vllm's own (not one of vLLM's attention classes, which register themselves) in vLLM's
+    forward context under ``name``, where vLLM finds the layers it makes caches for and binds them; a name already
+    there is an :class:`UnsupportedConfigError`."""
+    from atom_core.errors import UnsupportedConfigError
+
+    context = vllm_config.compilation_config.static_forward_context
+    if name in context:
+        raise UnsupportedConfigError(f"duplicate layer name {name!r} in vLLM's forward context")
+    context[name] = layer
+
+
 def latent_cache_rows(kv_cache):
     """A latent-cache layer's bound cache (one row per token, one head) as ``[blocks, block_size, row]``: official
     0.26.0 binds the tensor of the backend's ``get_kv_cache_shape`` (``[blocks, block_size, row]`` for

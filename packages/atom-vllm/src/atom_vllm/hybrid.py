@@ -26,6 +26,7 @@ rollback is not wired yet).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -109,16 +110,11 @@ def linear_attention_state(vllm_config: Any, prefix: str, conv_shape, ssm_shape,
     return _layer_class()(vllm_config, prefix, shapes, state_dtypes(vllm_config))
 
 
-_LAYER_CLASS: type | None = None
-
-
+@functools.cache
 def _layer_class() -> type:
     """:class:`VllmLinearAttentionState`, built on first use (its base, vLLM's ``MambaBase``, imports vLLM)."""
-    global _LAYER_CLASS
-    if _LAYER_CLASS is None:
-        _LAYER_CLASS = type("VllmLinearAttentionState", (_LinearAttentionState, compat.mamba_base_class()),
-                            {"__module__": __name__, "__doc__": _LinearAttentionState.__doc__})
-    return _LAYER_CLASS
+    return type("VllmLinearAttentionState", (_LinearAttentionState, compat.mamba_base_class()),
+                {"__module__": __name__, "__doc__": _LinearAttentionState.__doc__})
 
 
 class _LinearAttentionState(nn.Module):
@@ -135,10 +131,7 @@ class _LinearAttentionState(nn.Module):
         self._dtypes = tuple(dtypes)
         self._conv_dim_first = compat.conv_state_dim_first()
         self.kv_cache = (torch.tensor([]), torch.tensor([]))  # until vLLM binds its blocks
-        context = vllm_config.compilation_config.static_forward_context
-        if prefix in context:
-            raise UnsupportedConfigError(f"duplicate layer name {prefix!r} in vLLM's forward context")
-        context[prefix] = self
+        compat.register_forward_context_layer(vllm_config, prefix, self)
 
     # -- vLLM's MambaBase
     def get_state_shape(self) -> StateShapes:

@@ -17,6 +17,7 @@ fit:
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -93,17 +94,12 @@ class _LatentForward:
                                output_shape=(tokens, self.num_heads * self.v_head_dim))
 
 
-_LAYER_CLASS: type | None = None
-
-
+@functools.cache
 def _layer_class() -> type:
     """``VllmLatentAttention``, built on first use (its base, vLLM's ``MLAAttention``, imports vLLM)."""
-    global _LAYER_CLASS
-    if _LAYER_CLASS is None:
-        base = importlib.import_module(MLA_ATTENTION_MODULE).MLAAttention
-        _LAYER_CLASS = type("VllmLatentAttention", (_LatentForward, base),
-                            {"__module__": __name__, "__doc__": "vLLM's MLAAttention taking atom-core's shapes."})
-    return _LAYER_CLASS
+    base = importlib.import_module(MLA_ATTENTION_MODULE).MLAAttention
+    return type("VllmLatentAttention", (_LatentForward, base),
+                {"__module__": __name__, "__doc__": "vLLM's MLAAttention taking atom-core's shapes."})
 
 
 def latent_attention(vllm_config: Any, prefix: str, num_heads: int, scale: float, mla: LatentAttentionSpec) -> nn.Module:

@@ -22,6 +22,7 @@ the step has not been checked under vLLM's graph padding) and vLLM's micro-batch
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, ClassVar
 
@@ -54,43 +55,38 @@ def check_config(vllm_config: Any, prefix: str) -> None:
                                      "supported; serve without --speculative-config")
 
 
-_BACKEND: type | None = None
-
-
+@functools.cache
 def backend_class() -> type:
     """``AtomSparseLatentBackend``: atom-vllm's attention backend (its metadata builder) with a latent cache of one
     ``head_size`` row per token, built on first use (it imports vLLM)."""
-    global _BACKEND
-    if _BACKEND is None:
-        from atom_vllm.attention_backend import AtomAttentionBackend
+    from atom_vllm.attention_backend import AtomAttentionBackend
 
-        class AtomSparseLatentBackend(AtomAttentionBackend):
-            supported_kv_cache_dtypes: ClassVar[list[str]] = list(MODEL_DTYPE_CACHES)
+    class AtomSparseLatentBackend(AtomAttentionBackend):
+        supported_kv_cache_dtypes: ClassVar[list[str]] = list(MODEL_DTYPE_CACHES)
 
-            @staticmethod
-            def get_impl_cls():
-                raise NotImplementedError("VllmSparseLatentAttention attends itself; it has no vLLM AttentionImpl")
+        @staticmethod
+        def get_impl_cls():
+            raise NotImplementedError("VllmSparseLatentAttention attends itself; it has no vLLM AttentionImpl")
 
-            @classmethod
-            def is_mla(cls) -> bool:
-                return True
+        @classmethod
+        def is_mla(cls) -> bool:
+            return True
 
-            @classmethod
-            def supports_head_size(cls, head_size: int) -> bool:
-                return head_size > 0
+        @classmethod
+        def supports_head_size(cls, head_size: int) -> bool:
+            return head_size > 0
 
-            # up to 0.27 vLLM asks the backend for the cache shape; from 0.32 it makes the MLA shape itself
-            @staticmethod
-            def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
-                                   cache_dtype_str: str = "auto") -> tuple[int, ...]:
-                return (num_blocks, block_size, head_size)
+        # up to 0.27 vLLM asks the backend for the cache shape; from 0.32 it makes the MLA shape itself
+        @staticmethod
+        def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                               cache_dtype_str: str = "auto") -> tuple[int, ...]:
+            return (num_blocks, block_size, head_size)
 
-            @staticmethod
-            def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
-                return (1, 0, 2, 3) if include_num_layers_dimension else (0, 1, 2)
+        @staticmethod
+        def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
+            return (1, 0, 2, 3) if include_num_layers_dimension else (0, 1, 2)
 
-        _BACKEND = AtomSparseLatentBackend
-    return _BACKEND
+    return AtomSparseLatentBackend
 
 
 class _SparseLatentAttention(LatentAttention):
@@ -105,10 +101,7 @@ class _SparseLatentAttention(LatentAttention):
         self.row = self.kv_lora_rank + self.rope_dim + self.sparse.index_head_dim
         self.kv_cache: Any = torch.tensor([])  # until vLLM binds its blocks
         self.kv_sharing_target_layer_name = None
-        context = host.vllm_config.compilation_config.static_forward_context
-        if prefix in context:
-            raise UnsupportedConfigError(f"duplicate layer name {prefix!r} in vLLM's forward context")
-        context[prefix] = self
+        compat.register_forward_context_layer(host.vllm_config, prefix, self)
 
     # -- vLLM's AttentionLayerBase
     def get_attn_backend(self) -> type:
@@ -148,18 +141,13 @@ class _SparseLatentAttention(LatentAttention):
         return out
 
 
-_LAYER_CLASS: type | None = None
-
-
+@functools.cache
 def layer_class() -> type:
     """``VllmSparseLatentAttention``, built on first use: its base, vLLM's ``AttentionLayerBase``, is how vLLM finds
     the layers it makes caches for."""
-    global _LAYER_CLASS
-    if _LAYER_CLASS is None:
-        base = importlib.import_module(LAYER_BASE).AttentionLayerBase
-        _LAYER_CLASS = type("VllmSparseLatentAttention", (_SparseLatentAttention, base),
-                            {"__module__": __name__, "__doc__": _SparseLatentAttention.__doc__})
-    return _LAYER_CLASS
+    base = importlib.import_module(LAYER_BASE).AttentionLayerBase
+    return type("VllmSparseLatentAttention", (_SparseLatentAttention, base),
+                {"__module__": __name__, "__doc__": _SparseLatentAttention.__doc__})
 
 
 def sparse_latent_attention(host: Any, prefix: str, num_heads: int, scale: float, mla: LatentAttentionSpec) -> nn.Module:
