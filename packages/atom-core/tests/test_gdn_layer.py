@@ -125,3 +125,76 @@ def test_speculative_decode_keeps_per_token_states(rng):
     torch.testing.assert_close(spec[[1, 3]], outs[1])
     torch.testing.assert_close(spec_pools[1][[0, 1]], after_first)  # slots[:, 0]: state after the first token
     torch.testing.assert_close(spec_pools[1][[2, 3]], one[1][[0, 1]])  # slots[:, 1]: after the second
+
+
+def test_speculative_steps_resume_from_the_accepted_tokens(rng):
+    """vLLM's speculative contract: a conv buffer ``W - 2 + 3`` columns wide (plain steps use its first ``W - 1``),
+    three SSM blocks per sequence, steps of one token and two drafts of which 2, 1, then 3 are accepted.  Every
+    speculative output equals decoding the same tokens one at a time from the accepted prefix; the last step also
+    has a second sequence of fewer tokens (ragged ``decode_cu_seqlens``) and a prefill interleaved with them
+    (``token_order``)."""
+    num_spec, width = 2, CFG.conv_kernel
+    layer, host, pools = make_layer(rng, V_MAJOR)
+    conv_dim = pools[0].shape[1]
+    wide = (torch.zeros(7, width - 1 + num_spec, conv_dim).transpose(1, 2),  # vLLM's (taps, dim) per block
+            torch.zeros(7, *pools[1].shape[1:]))
+    plain = (torch.zeros_like(pools[0]), torch.zeros_like(pools[1]))  # the reference: one slot per sequence
+    blocks = {"a": [0, 1, 2], "b": [3, 4, 5]}
+    ref_slot = {"a": 0, "b": 1, "c": 2}
+    accepted = {"a": 1, "b": 1}
+
+    def prefill(pools_, slots, xs):
+        lens = [len(x) for x in xs]
+        host.step = step(pools_, V_MAJOR, num_prefill_tokens=sum(lens),
+                         prefill_cu_seqlens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
+                         prefill_slots=torch.tensor(slots), prefill_has_initial_state=torch.tensor([False] * len(xs)))
+        return layer(torch.cat(xs))
+
+    def decode_one_at_a_time(name, x):
+        """Outputs of ``x``'s tokens decoded one by one from the reference state, and the states after each."""
+        saved = clone(plain)
+        outs, states = [], []
+        for row in x:
+            host.step = step(plain, V_MAJOR, num_decode_tokens=1, decode_slots=torch.tensor([ref_slot[name]]))
+            outs.append(layer(row[None]))
+            states.append((plain[0][ref_slot[name]].clone(), plain[1][ref_slot[name]].clone()))
+        for pool, before in zip(plain, saved):
+            pool.copy_(before)
+        return torch.cat(outs), states
+
+    def accept(name, states, n):
+        for pool, state in zip(plain, states[n - 1]):
+            pool[ref_slot[name]] = state
+        accepted[name] = n
+
+    def speculative_fields(names, lens):
+        return dict(num_decode_tokens=sum(lens), decode_slots=torch.tensor([blocks[n][0] for n in names]),
+                    decode_ssm_slots=torch.tensor([blocks[n] for n in names]),
+                    num_accepted_tokens=torch.tensor([accepted[n] for n in names], dtype=torch.int32),
+                    decode_cu_seqlens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32))
+
+    with torch.no_grad():
+        prompts = {"a": torch.randn(5, 64, generator=rng), "b": torch.randn(3, 64, generator=rng)}
+        want = prefill(plain, [0, 1], list(prompts.values()))
+        torch.testing.assert_close(prefill(wide, [0, 3], list(prompts.values())), want)
+        for n_accepted in (2, 1, 3):
+            x = torch.randn(1 + num_spec, 64, generator=rng)
+            want, states = decode_one_at_a_time("a", x)
+            host.step = step(wide, V_MAJOR, **speculative_fields(["a"], [len(x)]))
+            torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+            accept("a", states, n_accepted)
+        # a ragged step with an interleaved prefill: rows a0 c0 b0 c1 a1 b1 b2 c2 -> order a0 a1 b0 b1 b2 c0 c1 c2
+        xa, xb, xc = (torch.randn(n, 64, generator=rng) for n in (2, 3, 3))
+        batch = torch.stack([xa[0], xc[0], xb[0], xc[1], xa[1], xb[1], xb[2], xc[2]])
+        order = torch.tensor([0, 4, 2, 5, 6, 1, 3, 7])
+        want_a, _ = decode_one_at_a_time("a", xa)
+        want_b, _ = decode_one_at_a_time("b", xb)
+        want_c = prefill(plain, [ref_slot["c"]], [xc])
+        host.step = step(wide, V_MAJOR, **speculative_fields(["a", "b"], [2, 3]), num_prefill_tokens=3,
+                         prefill_cu_seqlens=torch.tensor([0, 3], dtype=torch.int32), prefill_slots=torch.tensor([6]),
+                         prefill_has_initial_state=torch.tensor([False]), token_order=order)
+        got = layer(torch.cat([batch, torch.randn(2, 64, generator=rng)]))  # and two padding rows
+    torch.testing.assert_close(got[order[:2]], want_a, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[order[2:5]], want_b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[order[5:]], want_c, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[8:], torch.zeros_like(got[8:]))

@@ -93,6 +93,63 @@ def test_prefill_then_updates_equal_one_conv(device, rng):
     assert_close(whole, explicit.t().to(whole.device))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ragged", [False, True])
+def test_rolling_update_matches_reference(device, rng, dtype, ragged):
+    """Speculative steps against vLLM's rolling buffer (W - 2 + 3 columns): windows at the accepted offsets,
+    uniform (3 tokens each) or ragged lengths (one sequence without tokens), a padding slot."""
+    dim, width, N, tq = 130, 4, 4, 3
+    lens = [3, 1, 0, 2] if ragged else [tq] * N
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    x = randn(int(cu[-1]) + (1 if ragged else 0), dim, dtype=dtype, device=device, gen=rng)
+    weight = randn(dim, width, dtype=dtype, device=device, gen=rng)
+    bias = randn(dim, dtype=dtype, device=device, gen=rng)
+    pool = randn(7, width - 2 + tq, dim, dtype=dtype, device=device, gen=rng).transpose(1, 2)  # vLLM's SD layout
+    slots = torch.tensor([5, 2, 0, -1] if ragged else [5, -1, 0, 2], device=device)
+    accepted = torch.tensor([2, 3, 1, 1] if ragged else [2, 1, 3, 1], dtype=torch.int32, device=device)
+    kwargs = dict(num_accepted_tokens=accepted, cu_seqlens=cu if ragged else None)
+    (o_ref, s_ref), (o, s) = both(causal_conv1d_update, x, weight, bias, pool, slots, state_index=3, **kwargs)
+    assert_close(o, o_ref, dtype)
+    assert_close(s, s_ref, dtype)
+    padding = [n for n, slot in enumerate(slots.tolist()) if slot < 0]
+    for n in padding:
+        rows = slice(int(cu[n]), int(cu[n + 1]))
+        assert torch.equal(o[rows], torch.zeros_like(o[rows]))
+    untouched = [1, 3, 4, 6] + ([0] if ragged else [])  # slot 0 holds the sequence without tokens when ragged
+    assert torch.equal(s[untouched], pool[untouched])
+    if ragged:
+        assert torch.equal(o[-1], torch.zeros_like(o[-1])), "rows past the last sequence are zero"
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_rolling_steps_equal_one_conv_over_accepted_tokens(device, rng, backend):
+    """Prefill, then speculative steps of 1 + 2 draft tokens where 2, 1 and 3 of them are accepted (the
+    rejected drafts' inputs replaced by the next step's tokens): every accepted token's output and the final
+    window equal one causal conv over the accepted tokens alone."""
+    dim, width, prompt, num_spec = 20, 4, 5, 2
+    weight = randn(dim, width, device=device, gen=rng)
+    pool = torch.zeros(2, width - 1 + num_spec, dim, device=device).transpose(1, 2)
+    slots = torch.tensor([1], device=device)
+    accepted_stream = [randn(prompt, dim, device=device, gen=rng)]
+    outputs = [causal_conv1d.call_backend(backend, accepted_stream[0], weight, None, pool[:, :, : width - 1],
+                                          torch.tensor([0, prompt], dtype=torch.int32, device=device), slots, None,
+                                          activation=None)]
+    accepted = 1
+    for num_accepted in (2, 1, 3):
+        step = randn(1 + num_spec, dim, device=device, gen=rng)
+        out = causal_conv1d_update.call_backend(
+            backend, step, weight, None, pool, slots, activation=None,
+            num_accepted_tokens=torch.tensor([accepted], dtype=torch.int32, device=device))
+        accepted_stream.append(step[:num_accepted])
+        outputs.append(out[:num_accepted])
+        accepted = num_accepted
+    stream = torch.cat(accepted_stream)
+    whole = torch.nn.functional.conv1d(stream.t()[None], weight[:, None, :], padding=width - 1, groups=dim)[0, :, : len(stream)]
+    assert_close(torch.cat(outputs), whole.t())
+    # the window of the next step (at the last accepted offset) holds the last W - 1 accepted inputs
+    assert_close(pool[1][:, accepted - 1 : accepted - 1 + width - 1].t(), stream[-(width - 1) :])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("op", ["update", "prefill"])
 def test_graph_capturable(rng, op):

@@ -90,6 +90,36 @@ def test_speculative_decode_per_token_slots(device, rng, layout):
     assert torch.equal(s[untouched], pool[untouched])
 
 
+@pytest.mark.parametrize("layout", STATE_LAYOUTS)
+def test_ragged_speculative_decode(device, rng, layout):
+    """cu_seqlens: sequences of 3, 1, 0 and 2 tokens over [N, 3] slots; each sequence equals its own uniform
+    sequence alone, the one without tokens leaves its slots alone, and rows past the last sequence are zero."""
+    H, HV, K, V = 1, 2, 32, 16
+    lens = [3, 1, 0, 2]
+    cu, T = packed(lens, device, extra=1)
+    x = draw(rng, device, T, H, HV, K, V)
+    pool = state_pool(rng, device, 12, layout, HV, K, V)
+    slots = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]], device=device)
+    accepted = torch.tensor([2, 1, 3, 3], dtype=torch.int32, device=device)
+    args = (x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], pool, slots)
+    (o_ref, s_ref), (o, s) = run_both(fused_recurrent_gated_delta_rule, *args, state_layout=layout,
+                                      num_accepted_tokens=accepted, cu_seqlens=cu)
+    assert_close(o, o_ref, tol=FP32_TOL)
+    assert_close(s, s_ref, tol=FP32_TOL)
+    assert torch.equal(o[-1], torch.zeros_like(o[-1]))
+    assert torch.equal(s[[5, 6, 7, 8, 11]], pool[[5, 6, 7, 8, 11]])  # unwritten: past a length, or no tokens
+    for n, length in enumerate(lens):
+        if not length:
+            continue
+        rows = slice(int(cu[n]), int(cu[n + 1]))
+        one = pool.clone()
+        alone = fused_recurrent_gated_delta_rule.call_backend(
+            "reference", *(x[name][rows] for name in ("q", "k", "v", "a", "b")), x["A_log"], x["dt_bias"], one,
+            slots[n : n + 1], state_layout=layout, num_accepted_tokens=accepted[n : n + 1],
+            cu_seqlens=torch.tensor([0, length], dtype=torch.int32, device=device))
+        assert_close(o[rows], alone, tol=FP32_TOL)
+
+
 def test_multi_token_decode_in_place(device, rng):
     """Tq=3 tokens per sequence with one slot each: the state after the last token is written back."""
     H, HV, K, V, N, Tq = 2, 4, 32, 16, 3, 3

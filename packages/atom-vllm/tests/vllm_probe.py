@@ -659,7 +659,8 @@ def _multimodal_prompt(prompt: list[int], images: dict | None):
 
 def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compiled: bool = False,
              tensor_parallel_size: int = 1, attention_backend: str | None = None, images: list | None = None,
-             engine_process: str = "inproc", speculative: list | None = None) -> list[dict]:
+             engine_process: str = "inproc", speculative: list | None = None,
+             prefix_caching: bool | None = None) -> list[dict]:
     """Greedy tokens of each checkpoint; ``speculative``: per checkpoint, None or vLLM's ``--speculative-config``
     for it (MTP layers of the checkpoint, or an EAGLE-3 draft checkpoint), the result then has the draft's
     architecture, the class vLLM's registry names for it and vLLM's speculative-decoding counters over its own
@@ -671,7 +672,8 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
     has the prompts as vLLM expanded them, each generated token's log-probability and the keyword arguments of every
     ``embed_multimodal`` call.
     ``engine_process="spawn"``: vLLM's engine core in a spawned process of its own (its default is this process's
-    fork; see test_generate's ``SPAWNED_ENGINE`` for why some models need a fresh one)."""
+    fork; see test_generate's ``SPAWNED_ENGINE`` for why some models need a fresh one).  ``prefix_caching``: vLLM's
+    ``enable_prefix_caching`` (None: vLLM's default)."""
     if attention_backend:
         _selecting_cpu_platform()
     if engine_process == "spawn":
@@ -697,6 +699,8 @@ def generate(dirs: list[str], prompts: list[list[int]], max_tokens: int, compile
         cache = {"mamba_ssm_cache_dtype": ssm_dtype} if ssm_dtype else {}
         if attention_backend:
             cache["attention_backend"] = attention_backend
+        if prefix_caching is not None:
+            cache["enable_prefix_caching"] = prefix_caching
         if speculative_config:
             cache["speculative_config"] = speculative_config
             cache["disable_log_stats"] = False  # LLM.get_metrics reads the counters it would otherwise not keep
@@ -805,6 +809,7 @@ def main() -> None:
     parser.add_argument("--engine-process", choices=["inproc", "spawn"], default="inproc")
     parser.add_argument("--speculative", default=None, help="JSON: per checkpoint, null or its --speculative-config")
     parser.add_argument("--draft", default=None)
+    parser.add_argument("--prefix-caching", default="null", help="JSON: true, false, or null (vLLM's default)")
     parser.add_argument("--adapters", default="[]")
     args = parser.parse_args()
     if args.command == "resolve":
@@ -824,7 +829,8 @@ def main() -> None:
         result = generate(args.dirs, json.loads(args.prompts), args.max_tokens, compiled=args.compiled == "yes",
                           tensor_parallel_size=args.tensor_parallel_size, attention_backend=args.attention_backend,
                           images=json.loads(args.images) if args.images else None, engine_process=args.engine_process,
-                          speculative=json.loads(args.speculative) if args.speculative else None)
+                          speculative=json.loads(args.speculative) if args.speculative else None,
+                          prefix_caching=json.loads(args.prefix_caching))
     Path(args.out).write_text(json.dumps(result, indent=1))
     os._exit(0)  # vLLM's background threads sometimes keep a finished process alive
 

@@ -204,12 +204,18 @@ class LinearAttentionStep:
 
     **Token order.** The step's ``T`` tokens are: first ``num_decode_tokens`` decode tokens — each decode
     sequence n contributes ``Tq = num_decode_tokens // len(decode_slots)`` consecutive tokens (1 for
-    plain decode, more for speculative decode) — then ``num_prefill_tokens`` tokens of packed prefill
-    sequences, then padding up to T (outputs zero).  Either part may be empty.
+    plain decode, more for speculative decode), or, with ``decode_cu_seqlens`` ``[num_decodes + 1]`` (int32,
+    from 0), the tokens ``[decode_cu_seqlens[n], decode_cu_seqlens[n + 1])`` (a speculative step whose
+    sequences bring different numbers of draft tokens) — then ``num_prefill_tokens`` tokens of packed prefill
+    sequences, then padding up to T (outputs zero).  Either part may be empty.  A host whose batch
+    interleaves them gives ``token_order`` ``[num_decode_tokens + num_prefill_tokens]``: the batch rows in the
+    order above (the layer gathers them, and scatters its outputs back; other rows output zero).
 
     **State pools** (the host's tensors, updated in place by the layer's kernels):
 
-    * ``conv_state``: ``[num_slots, conv_dim, kernel_width - 1]`` (any strides), oldest input first;
+    * ``conv_state``: ``[num_slots, conv_dim, kernel_width - 1]`` (any strides), oldest input first; wider
+      (``kernel_width - 2 + Tq_max``) for a host's speculative rolling buffer (below), whose plain steps use
+      its first ``kernel_width - 1`` columns;
     * ``ssm_state``: ``[num_slots, HV, K, V]`` when ``ssm_layout == "k_major"`` or ``[num_slots, HV, V, K]``
       when ``"v_major"`` (see :mod:`atom_kernels.gdn`).
 
@@ -218,7 +224,9 @@ class LinearAttentionStep:
     decode a host that rolls back rejected tokens may add ``decode_ssm_slots`` ``[num_decodes, Tq]``: the
     SSM state after token t is written to ``decode_ssm_slots[n, t]`` and the initial one is read from
     ``decode_ssm_slots[n, num_accepted_tokens[n] - 1]`` (index 0 without ``num_accepted_tokens``).  The
-    conv state is always shifted in place at ``decode_slots`` (no rollback).
+    conv state at ``decode_slots`` is shifted in place, or, with ``num_accepted_tokens``, is the rolling
+    buffer of :func:`atom_kernels.causal_conv1d_update` (the step's window starts at column
+    ``num_accepted_tokens[n] - 1``; vLLM's layout).
 
     **Prefill part.** ``prefill_cu_seqlens`` ``[num_prefills + 1]`` (int32, offsets into the prefill
     tokens, starting at 0), ``prefill_slots`` ``[num_prefills]`` (negative = padding) and
@@ -237,10 +245,12 @@ class LinearAttentionStep:
     decode_slots: torch.Tensor | None = None
     decode_ssm_slots: torch.Tensor | None = None
     num_accepted_tokens: torch.Tensor | None = None
+    decode_cu_seqlens: torch.Tensor | None = None
     num_prefill_tokens: int = 0
     prefill_cu_seqlens: torch.Tensor | None = None
     prefill_slots: torch.Tensor | None = None
     prefill_has_initial_state: torch.Tensor | None = None
+    token_order: torch.Tensor | None = None
 
 
 @runtime_checkable

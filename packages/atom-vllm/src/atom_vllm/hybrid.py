@@ -20,8 +20,16 @@ shapes come from atom-core (:func:`atom_core.layers.gdn.gdn_state_shapes`,
 
 Per step, :meth:`VllmLinearAttentionState.step` turns vLLM's ``GDNAttentionMetadata`` (decode tokens
 first, then packed prefills; state indices; ``has_initial_state``; ``query_start_loc``) into atom-core's
-:class:`~atom_core.host.LinearAttentionStep`.  Speculative decoding is refused (vLLM's draft-token state
-rollback is not wired yet).
+:class:`~atom_core.host.LinearAttentionStep`.
+
+Speculative decoding (``--speculative-config``, e.g. Qwen3-Next's MTP drafts) follows vLLM's own GDN layers:
+the conv state is a rolling buffer ``width - 1 + num_speculative_tokens`` wide and each sequence has
+``1 + num_speculative_tokens`` SSM state blocks.  A step's speculative sequences (``spec_state_indices_tensor``,
+``spec_query_start_loc``, ``num_accepted_tokens``) are atom-core's decode part: the state after draft token t goes
+to block t, the step resumes from the block of the last accepted token, and the conv window starts at the accepted
+offset (vLLM rolls back rejected tokens by those offsets alone).  The other sequences of such a step are prefills
+(vLLM classifies them so); when they interleave with the speculative ones, ``token_order`` puts the speculative
+tokens first.
 """
 
 from __future__ import annotations
@@ -41,14 +49,10 @@ from atom_vllm import compat
 StateShapes = tuple[tuple[int, ...], tuple[int, ...]]
 
 
-def _refuse_speculative_decoding(vllm_config: Any, what: str) -> None:
+def num_speculative_tokens(vllm_config: Any) -> int:
+    """The draft tokens per step of the engine's speculative config (0 without one)."""
     spec = getattr(vllm_config, "speculative_config", None)
-    if spec is not None and (getattr(spec, "num_speculative_tokens", 0) or 0) > 0:
-        raise UnsupportedConfigError(
-            f"{what}: speculative decoding of hybrid (linear-attention) models is not supported by atom-vllm yet "
-            "(vLLM's per-draft-token state rollback is not wired to ATOM's GDN kernels); run without a "
-            "speculative config, or with ATOM_DISABLE_VLLM_PLUGIN=1 for vLLM's own model"
-        )
+    return (getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
 
 
 def state_shapes(vllm_config: Any) -> StateShapes:
@@ -56,13 +60,15 @@ def state_shapes(vllm_config: Any) -> StateShapes:
     config's tensor-parallel ranks."""
     hf_config = vllm_config.model_config.hf_config
     tp = vllm_config.parallel_config.tensor_parallel_size
-    return vllm_layout(*gdn_state_shapes(GDNConfig.from_hf(hf_config), tp))
+    return vllm_layout(*gdn_state_shapes(GDNConfig.from_hf(hf_config), tp), num_speculative_tokens(vllm_config))
 
 
-def vllm_layout(conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...]) -> StateShapes:
+def vllm_layout(conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...], num_spec: int = 0) -> StateShapes:
     """atom-core's logical per-sequence shapes (conv ``(dim, width - 1)``, SSM K-major ``(HV, K, V)``) in the
-    layout vLLM allocates: conv as vLLM orients it, SSM V-major ``(HV, V, K)``."""
+    layout vLLM allocates: conv as vLLM orients it and ``num_spec`` columns wider (the speculative rolling
+    buffer), SSM V-major ``(HV, V, K)``."""
     dim, taps = conv_shape
+    taps += num_spec
     conv = (dim, taps) if compat.conv_state_dim_first() else (taps, dim)
     return conv, ssm_state_shape(V_MAJOR, *ssm_shape)
 
@@ -83,7 +89,6 @@ class HybridModel:
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config: Any) -> StateShapes:
-        _refuse_speculative_decoding(vllm_config, cls.__name__)
         return state_shapes(vllm_config)
 
     @classmethod
@@ -101,8 +106,7 @@ class HybridModel:
 
 def linear_attention_state(vllm_config: Any, prefix: str, conv_shape, ssm_shape, dtype: torch.dtype) -> nn.Module:
     """The layer :meth:`atom_vllm.host.VllmHost.linear_attention_state` returns (see the module doc)."""
-    _refuse_speculative_decoding(vllm_config, prefix)
-    shapes = vllm_layout(tuple(conv_shape), tuple(ssm_shape))
+    shapes = vllm_layout(tuple(conv_shape), tuple(ssm_shape), num_speculative_tokens(vllm_config))
     expected = state_shapes(vllm_config)
     if shapes != expected:
         raise UnsupportedConfigError(f"{prefix}: state shapes {shapes} differ from the ones sized from the config "
@@ -155,8 +159,6 @@ class _LinearAttentionState(nn.Module):
         conv, ssm = self.kv_cache[0], self.kv_cache[1]
         if md is None or md.num_actual_tokens == 0:
             return LinearAttentionStep(conv_state=conv, ssm_state=ssm, ssm_layout=self.ssm_layout)
-        if md.num_spec_decodes:
-            raise UnsupportedConfigError(f"{self.prefix}: speculative-decode tokens reached an ATOM GDN layer")
         if compat.gdn_prefill_checkpoint(md) is not None:  # mid-prefill state checkpoints (prefix caching)
             raise UnsupportedConfigError(f"{self.prefix}: vLLM asked for mid-prefill state checkpoints, which ATOM's "
                                          "GDN kernels do not write; run without prefix caching")
@@ -164,7 +166,9 @@ class _LinearAttentionState(nn.Module):
                                    ssm_state=ssm, ssm_layout=self.ssm_layout)
         slots = md.non_spec_state_indices_tensor  # [requests]: decodes first, then prefills (then padding)
         nd, npf = md.num_decodes, md.num_prefills
-        if md.num_decode_tokens:
+        if md.num_spec_decodes:  # then no plain decodes (vLLM runs them as prefills)
+            self._speculative_part(md, step)
+        elif md.num_decode_tokens:
             step.num_decode_tokens = md.num_decode_tokens
             step.decode_slots = slots[:nd]
         if npf:
@@ -173,3 +177,16 @@ class _LinearAttentionState(nn.Module):
             step.prefill_slots = slots[nd : nd + npf]
             step.prefill_has_initial_state = md.has_initial_state[nd : nd + npf]
         return step
+
+    @staticmethod
+    def _speculative_part(md, step: LinearAttentionStep) -> None:
+        """The speculative sequences as the step's decode part (rows of ``spec_state_indices_tensor``: a
+        sequence's ``1 + num_speculative_tokens`` blocks; under a full CUDA graph, padding rows of no tokens)."""
+        blocks = md.spec_state_indices_tensor
+        step.num_decode_tokens = md.num_spec_decode_tokens
+        step.decode_slots = blocks[:, 0]  # the conv buffer lives in the first block
+        step.decode_ssm_slots = blocks
+        step.num_accepted_tokens = md.num_accepted_tokens
+        step.decode_cu_seqlens = md.spec_query_start_loc
+        if md.num_prefills:  # the batch interleaves them; without prefills the speculative tokens come first
+            step.token_order = torch.cat([md.spec_token_indx, md.non_spec_token_indx])

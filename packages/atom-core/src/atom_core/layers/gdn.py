@@ -245,9 +245,15 @@ class GatedDeltaNet(nn.Module):
         self.state = host.linear_attention_state(prefix, layer_id, conv_shape, ssm_shape, torch.get_default_dtype())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        step = self.state.step()
+        if step.token_order is None:
+            return self._forward(x, step)
+        out = self._forward(x.index_select(0, step.token_order), step)
+        return out.new_zeros(x.shape[0], out.shape[1]).index_copy_(0, step.token_order, out)
+
+    def _forward(self, x: torch.Tensor, step: LinearAttentionStep) -> torch.Tensor:
         T = x.shape[0]
         Hl, HVl, K, V = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
-        step = self.state.step()
         qkvz = self.in_proj_qkvz(x)
         ba = self.in_proj_ba(x)
         z = qkvz[:, self.conv_dim :].view(T, HVl, V)
@@ -262,10 +268,18 @@ class GatedDeltaNet(nn.Module):
     # ----------------------------------------------------------------------------------- parts
     def _conv(self, x: torch.Tensor, step: LinearAttentionStep) -> torch.Tensor:
         weight = self.conv1d.weight.view(self.conv_dim, -1)
+        plain_state = step.conv_state[:, :, : weight.shape[1] - 1]  # all of it unless a rolling buffer
+
+        def decode(rows):
+            if step.num_accepted_tokens is None:
+                return causal_conv1d_update(x[rows], weight, None, plain_state, step.decode_slots,
+                                            cu_seqlens=step.decode_cu_seqlens)
+            return causal_conv1d_update(x[rows], weight, None, step.conv_state, step.decode_slots,
+                                        num_accepted_tokens=step.num_accepted_tokens, cu_seqlens=step.decode_cu_seqlens)
+
         return _by_phase(
-            step, x.shape[0], (self.conv_dim,), x,
-            decode=lambda rows: causal_conv1d_update(x[rows], weight, None, step.conv_state, step.decode_slots),
-            prefill=lambda rows: causal_conv1d(x[rows], weight, None, step.conv_state, step.prefill_cu_seqlens,
+            step, x.shape[0], (self.conv_dim,), x, decode=decode,
+            prefill=lambda rows: causal_conv1d(x[rows], weight, None, plain_state, step.prefill_cu_seqlens,
                                                step.prefill_slots, step.prefill_has_initial_state),
         )
 
@@ -276,7 +290,8 @@ class GatedDeltaNet(nn.Module):
             slots = step.decode_ssm_slots if step.decode_ssm_slots is not None else step.decode_slots
             return fused_recurrent_gated_delta_rule(q[rows], k[rows], v[rows], a[rows], b[rows], *shared, slots,
                                                     state_layout=step.ssm_layout,
-                                                    num_accepted_tokens=step.num_accepted_tokens)
+                                                    num_accepted_tokens=step.num_accepted_tokens,
+                                                    cu_seqlens=step.decode_cu_seqlens)
 
         def prefill(rows):
             return chunk_gated_delta_rule(q[rows], k[rows], v[rows], a[rows], b[rows], *shared, step.prefill_cu_seqlens,

@@ -34,3 +34,18 @@ def chunk_map(cu_seqlens: torch.Tensor, num_tokens: int, block: int):
     start = cu[seq_c] + (ids - offsets[seq_c]) * block
     chunk_seq = torch.where(valid, seq_c, -1).to(torch.int32)
     return chunk_seq, start.to(torch.int32), offsets.to(torch.int32)
+
+
+def decode_rows(op: str, num_tokens: int, num_seqs: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int]]:
+    """``(first, end)`` token rows of each of ``num_seqs`` decode sequences (for the torch references: reads the
+    offsets back): ``cu_seqlens [N + 1]`` when given, else ``num_tokens / num_seqs`` consecutive tokens each."""
+    if cu_seqlens is None:
+        if num_seqs == 0 or num_tokens % num_seqs:
+            raise ValueError(f"{op}: {num_tokens} tokens do not split evenly over {num_seqs} sequences")
+        per_seq = num_tokens // num_seqs
+        return [(n * per_seq, (n + 1) * per_seq) for n in range(num_seqs)]
+    cu = cu_seqlens.tolist()
+    if len(cu) != num_seqs + 1 or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])) or cu[-1] > num_tokens:
+        raise ValueError(f"{op}: cu_seqlens must be [{num_seqs + 1}] non-decreasing offsets from 0 to at most "
+                         f"{num_tokens}, got {cu}")
+    return list(zip(cu, cu[1:]))

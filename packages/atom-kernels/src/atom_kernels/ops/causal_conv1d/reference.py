@@ -8,14 +8,18 @@ import torch.nn.functional as F
 ACTIVATIONS = {"silu": F.silu, None: lambda x: x}
 
 
-def check_conv_args(op: str, x, weight, bias, conv_state, activation) -> None:
+def check_conv_args(op: str, x, weight, bias, conv_state, activation, *, rolling: bool = False) -> None:
+    """Shape checks; ``rolling``: the conv state is a speculative-decode buffer of at least ``W - 1`` columns."""
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
         raise ValueError(f"{op}: x must be [T, D] and weight [D, W], got {tuple(x.shape)} and {tuple(weight.shape)}")
     if bias is not None and tuple(bias.shape) != (x.shape[1],):
         raise ValueError(f"{op}: bias must be [D]={x.shape[1]}, got {tuple(bias.shape)}")
     expected = (x.shape[1], weight.shape[1] - 1)
-    if conv_state.dim() != 3 or tuple(conv_state.shape[1:]) != expected:
-        raise ValueError(f"{op}: conv_state must be [slots, {expected[0]}, {expected[1]}], got {tuple(conv_state.shape)}")
+    shape_ok = conv_state.dim() == 3 and conv_state.shape[1] == expected[0] and (
+        conv_state.shape[2] >= expected[1] if rolling else conv_state.shape[2] == expected[1])
+    if not shape_ok:
+        columns = f">= {expected[1]}" if rolling else str(expected[1])
+        raise ValueError(f"{op}: conv_state must be [slots, {expected[0]}, {columns}], got {tuple(conv_state.shape)}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"{op}: activation must be 'silu' or None, got {activation!r}")
 

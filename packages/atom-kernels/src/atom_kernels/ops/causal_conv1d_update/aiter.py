@@ -9,13 +9,17 @@ from __future__ import annotations
 import torch
 
 
-def unsupported(x, weight, bias, conv_state, slots, activation="silu") -> str | None:
+def unsupported(x, weight, bias, conv_state, slots, activation="silu", *, num_accepted_tokens=None,
+                cu_seqlens=None) -> str | None:
     if x.dtype not in (torch.bfloat16, torch.float16):
         return f"aiter conv1d takes bf16/fp16, not {x.dtype}"
+    if num_accepted_tokens is not None or cu_seqlens is not None:
+        return "the speculative rolling conv state is not wired to aiter"
     return None
 
 
-def causal_conv1d_update(x, weight, bias, conv_state, slots, activation="silu"):
+def causal_conv1d_update(x, weight, bias, conv_state, slots, activation="silu", *, num_accepted_tokens=None,
+                         cu_seqlens=None):
     from aiter.ops.triton.gated_delta_net import causal_conv1d_update_split_qkv
 
     num_seqs = slots.shape[0]

@@ -2,7 +2,7 @@
 updated in place in a pool (see :mod:`atom_kernels.gdn` for the math and the state layouts).
 
 ``fused_recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, ssm_state, slots, *, scale=None,
-state_layout="k_major", use_qk_l2norm=True, num_accepted_tokens=None) -> o``
+state_layout="k_major", use_qk_l2norm=True, num_accepted_tokens=None, cu_seqlens=None) -> o``
 
 * ``q``, ``k``: ``[N * Tq, H, K]``; ``v``: ``[N * Tq, HV, V]`` (HV a multiple of H); ``a``, ``b``:
   ``[N * Tq, HV]`` raw projections (gating is computed inside); ``A_log``, ``dt_bias``: ``[HV]``.
@@ -14,6 +14,9 @@ state_layout="k_major", use_qk_l2norm=True, num_accepted_tokens=None) -> o``
   — the state after token t is written to ``slots[n, t]`` (a negative entry skips that write) and the
   initial state is read from ``slots[n, num_accepted_tokens[n] - 1]`` (index 0 without
   ``num_accepted_tokens``), so a host can roll speculative tokens back.
+* ``cu_seqlens`` ``[N + 1]`` (int32, from 0), optional: sequence n's tokens are rows ``[cu_seqlens[n],
+  cu_seqlens[n + 1])`` instead (ragged speculative steps: a sequence may bring fewer than the most draft
+  tokens, or none); ``slots [N, S]`` then needs S at least the longest length; rows past the last are zero.
 * A negative read slot marks a padding sequence: its state is untouched and its outputs are zero.
 * ``o``: ``[N * Tq, HV, V]`` in v's dtype.
 

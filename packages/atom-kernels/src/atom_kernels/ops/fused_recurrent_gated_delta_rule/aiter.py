@@ -13,18 +13,19 @@ from atom_kernels.gdn import K_MAJOR, default_scale, gating
 
 
 def unsupported(q, k, v, a, b, A_log, dt_bias, ssm_state, slots, *, scale=None, state_layout=K_MAJOR,
-                use_qk_l2norm=True, num_accepted_tokens=None) -> str | None:
+                use_qk_l2norm=True, num_accepted_tokens=None, cu_seqlens=None) -> str | None:
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"aiter GDN takes bf16/fp16, not {q.dtype}"
     if state_layout != K_MAJOR:
         return "aiter keeps the GDN state k_major"
-    if slots.dim() != 1:
-        return "per-token state slots (speculative decode) are not wired to aiter"
+    if slots.dim() != 1 or cu_seqlens is not None:
+        return "per-token state slots and ragged lengths (speculative decode) are not wired to aiter"
     return None
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, ssm_state, slots, *, scale=None,
-                                     state_layout=K_MAJOR, use_qk_l2norm=True, num_accepted_tokens=None):
+                                     state_layout=K_MAJOR, use_qk_l2norm=True, num_accepted_tokens=None,
+                                     cu_seqlens=None):
     from aiter.ops.triton.gated_delta_net import fused_recurrent_gated_delta_rule as aiter_recurrent
 
     num_seqs = slots.shape[0]

@@ -30,7 +30,7 @@ def shape_class(num_seqs: int, num_v_heads: int) -> str:
 
 
 def unsupported(q, k, v, a, b, A_log, dt_bias, ssm_state, slots, *, scale=None, state_layout=K_MAJOR,
-                use_qk_l2norm=True, num_accepted_tokens=None) -> str | None:
+                use_qk_l2norm=True, num_accepted_tokens=None, cu_seqlens=None) -> str | None:
     if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
         return f"head dims {q.shape[-1]}/{v.shape[-1]} > {MAX_HEAD_DIM}"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -43,14 +43,14 @@ def unsupported(q, k, v, a, b, A_log, dt_bias, ssm_state, slots, *, scale=None, 
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, cu_ptr, o_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sa_t, sa_h, sb_t, sb_h, so_t, so_h,
     ss_slot, ss_h, ss_k, ss_v, sl_n, sl_t,
     scale,
     HV: tl.constexpr, GROUPS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, TQ: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     V_MAJOR_STATE: tl.constexpr, PER_TOKEN_SLOTS: tl.constexpr, HAS_ACCEPTED: tl.constexpr,
-    L2NORM: tl.constexpr,
+    L2NORM: tl.constexpr, VARLEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n = pid // HV
@@ -66,11 +66,19 @@ def _decode_kernel(
     if HAS_ACCEPTED:
         read_idx = tl.load(accepted_ptr + n) - 1
     read_slot = tl.load(slots_ptr + n64 * sl_n + read_idx * sl_t).to(tl.int64)
-    tok0 = n64 * TQ
+    if VARLEN:
+        tok0 = tl.load(cu_ptr + n64).to(tl.int64)
+        length = tl.load(cu_ptr + n64 + 1).to(tl.int64) - tok0
+    else:
+        tok0 = n64 * TQ
+        length = TQ
+    # token loops are `while` loops: a runtime trip count (VARLEN) that Triton's interpreter also runs
     if read_slot < 0:  # padding: zero outputs, state untouched
-        for t in range(TQ):
+        t = 0
+        while t < length:
             tl.store(o_ptr + (tok0 + t) * so_t + hv * so_h + cols_v, tl.zeros([BV], tl.float32).to(o_ptr.dtype.element_ty),
                      mask=mask_v)
+            t += 1
         return
 
     # the state tile, laid out with the pool's contiguous axis last
@@ -84,7 +92,8 @@ def _decode_kernel(
 
     A_log = tl.load(A_log_ptr + hv).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
-    for t in range(TQ):
+    t = 0
+    while t < length:
         tok = tok0 + t
         q = tl.load(q_ptr + tok * sq_t + hk * sq_h + cols_k, mask=mask_k, other=0.0).to(tl.float32)
         kk = tl.load(k_ptr + tok * sk_t + hk * sk_h + cols_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -110,12 +119,13 @@ def _decode_kernel(
             write_slot = tl.load(slots_ptr + n64 * sl_n + t * sl_t).to(tl.int64)
             tl.store(state_ptr + write_slot * ss_slot + hv * ss_h + tile, S.to(state_ptr.dtype.element_ty),
                      mask=tile_mask & (write_slot >= 0))
-    if not PER_TOKEN_SLOTS:
+        t += 1
+    if not PER_TOKEN_SLOTS:  # (a sequence without tokens writes back the state it read)
         tl.store(state_ptr + read_slot * ss_slot + hv * ss_h + tile, S.to(state_ptr.dtype.element_ty), mask=tile_mask)
 
 
 def launch(q, k, v, a, b, A_log, dt_bias, ssm_state, slots, out, *, scale, state_layout, use_qk_l2norm,
-           num_accepted_tokens, config):
+           num_accepted_tokens, config, cu_seqlens=None):
     N = slots.shape[0]
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -126,14 +136,16 @@ def launch(q, k, v, a, b, A_log, dt_bias, ssm_state, slots, out, *, scale, state
     grid = (N * HV, triton.cdiv(V, bv))
     _decode_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, ssm_state, slots,
-        num_accepted_tokens if num_accepted_tokens is not None else slots, out,
+        num_accepted_tokens if num_accepted_tokens is not None else slots,
+        cu_seqlens if cu_seqlens is not None else slots, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
         ss_slot, ss_h, ss_k, ss_v, sl_n, sl_t,
         scale,
-        HV=HV, GROUPS=HV // H, K=K, V=V, TQ=T // N, BK=triton.next_power_of_2(K), BV=bv,
+        HV=HV, GROUPS=HV // H, K=K, V=V, TQ=T // N if cu_seqlens is None else 0, BK=triton.next_power_of_2(K), BV=bv,
         V_MAJOR_STATE=state_layout == V_MAJOR, PER_TOKEN_SLOTS=per_token,
         HAS_ACCEPTED=num_accepted_tokens is not None and per_token, L2NORM=use_qk_l2norm,
+        VARLEN=cu_seqlens is not None,
         num_warps=config["num_warps"],
     )
     return out
@@ -141,15 +153,22 @@ def launch(q, k, v, a, b, A_log, dt_bias, ssm_state, slots, out, *, scale, state
 
 def fused_recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, ssm_state, slots, *, scale=None,
                                      state_layout=K_MAJOR, use_qk_l2norm=True, num_accepted_tokens=None,
-                                     config=None):
+                                     cu_seqlens=None, config=None):
     check_gdn_shapes("fused_recurrent_gated_delta_rule", q, k, v, a, b, A_log, dt_bias, ssm_state, state_layout)
     N, T = slots.shape[0], q.shape[0]
-    if N == 0 or T % N:
-        raise ValueError(f"fused_recurrent_gated_delta_rule: {T} tokens do not split evenly over {N} sequences")
-    if slots.dim() == 2 and slots.shape[1] != T // N:
-        raise ValueError(f"fused_recurrent_gated_delta_rule: slots [N, Tq] must have Tq={T // N}, got {tuple(slots.shape)}")
-    out = torch.empty(T, v.shape[1], v.shape[2], dtype=v.dtype, device=v.device)
+    if cu_seqlens is None:
+        if N == 0 or T % N:
+            raise ValueError(f"fused_recurrent_gated_delta_rule: {T} tokens do not split evenly over {N} sequences")
+        if slots.dim() == 2 and slots.shape[1] != T // N:
+            raise ValueError(f"fused_recurrent_gated_delta_rule: slots [N, Tq] must have Tq={T // N}, got {tuple(slots.shape)}")
+    elif cu_seqlens.shape != (N + 1,):
+        raise ValueError(f"fused_recurrent_gated_delta_rule: cu_seqlens must be [{N + 1}], got {tuple(cu_seqlens.shape)}")
+    # ragged (cu_seqlens): rows past the last sequence are zero, as in the reference
+    out = (torch.zeros if cu_seqlens is not None else torch.empty)(T, v.shape[1], v.shape[2], dtype=v.dtype,
+                                                                    device=v.device)
+    if N == 0:
+        return out
     config = config or CONFIGS[shape_class(N, v.shape[1])]
     return launch(q, k, v, a, b, A_log, dt_bias, ssm_state, slots, out, scale=default_scale(q.shape[-1], scale),
                   state_layout=state_layout, use_qk_l2norm=use_qk_l2norm, num_accepted_tokens=num_accepted_tokens,
-                  config=config)
+                  config=config, cu_seqlens=cu_seqlens)
