@@ -1,6 +1,6 @@
 """The vLLM bench's speculative-decoding part (atom_tools.e2e.drafts): engine names, which models and formats can
 draft, the agreeing draft written into a copy of the checkpoint (once), and the acceptance from vLLM's counters.
-No host: the checkpoints are tiny DeepSeek-V3s."""
+No host: the checkpoints are tiny DeepSeek-V3s and a Qwen3-Next."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def test_engine_names_carry_backend_and_draft_method():
 def test_models_without_a_draft_and_quantized_formats_are_refused():
     assert drafts.refusal({"deepseek-v3": "DeepseekV3ForCausalLM"}, ["bf16"]) is None
     why = drafts.refusal({"deepseek-v3": "DeepseekV3ForCausalLM", "qwen3-8b": "Qwen3ForCausalLM"}, ["bf16"])
-    assert why.startswith("--speculative: no draft for qwen3-8b (drafts: DeepseekV3ForCausalLM (mtp))")
+    assert why == ("--speculative: no draft for qwen3-8b (drafts: DeepseekV3ForCausalLM (mtp), "
+                   "Qwen3NextForCausalLM (mtp))")
     assert "bf16 checkpoints only" in drafts.refusal({"deepseek-v3": "DeepseekV3ForCausalLM"}, ["bf16", "fp8-block"])
 
 
@@ -63,6 +64,18 @@ def test_a_config_naming_a_draft_without_its_weights_gets_one(tmp_path):
     (base / "config.json").write_text(json.dumps(dict(config, num_nextn_predict_layers=1)))
     assert not drafts.has_mtp_layer(base)
     assert drafts.with_draft("DeepseekV3ForCausalLM", base, agreeing=0.5)[0].name == "bf16-mtp-agreeing0.5"
+
+
+def test_qwen3_next_gets_its_mtp_draft(tmp_path):
+    """Qwen3-Next's draft is Qwen's ``mtp.*`` layer (atom_core.tiny.add_qwen3_next_mtp), vLLM's method ``mtp``."""
+    assert drafts.refusal({"qwen3-next-80b-a3b": "Qwen3NextForCausalLM"}, ["bf16"]) is None
+    base = make_tiny("Qwen3NextForCausalLM", tmp_path / "bf16")
+    draft = drafts.DRAFTS["Qwen3NextForCausalLM"]
+    assert not drafts.has_mtp_layer(base, draft)
+    out, method = drafts.with_draft("Qwen3NextForCausalLM", base, agreeing=0.5)
+    assert (out.name, method) == ("bf16-mtp-agreeing0.5", "mtp")
+    assert drafts.has_mtp_layer(out, draft) and not drafts.has_mtp_layer(out, drafts.DRAFTS["DeepseekV3ForCausalLM"])
+    assert {"mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight"} <= weight_names(out)
 
 
 @pytest.mark.parametrize("counters, expected", [

@@ -15,10 +15,25 @@ Engines that draft are named ``NAME+METHOD`` (``atom+mtp``, ``vllm@FLASH_ATTN+mt
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+
+@dataclass(frozen=True)
+class Draft:
+    """The draft this bench adds to a random checkpoint of one architecture."""
+
+    method: str  # vLLM's speculative method
+    writer: str  # the atom_core.tiny function that adds it (src, dst, agreeing=)
+    weight: str  # a tensor of it, formatted with the config (a checkpoint that has it carries its draft)
+
+
+DRAFTS = {
+    "DeepseekV3ForCausalLM": Draft("mtp", "add_mtp_layer", "model.layers.{num_hidden_layers}.eh_proj.weight"),
+    "Qwen3NextForCausalLM": Draft("mtp", "add_qwen3_next_mtp", "mtp.fc.weight"),
+}
 # architecture -> vLLM's speculative method of the draft this bench adds to its random checkpoint
-DRAFT_METHODS = {"DeepseekV3ForCausalLM": "mtp"}
+DRAFT_METHODS = {arch: draft.method for arch, draft in DRAFTS.items()}
 
 
 def engine_parts(name: str) -> tuple[str, str | None, str | None]:
@@ -51,27 +66,27 @@ def refusal(archs: dict[str, str], formats: list[str]) -> str | None:
 
 def with_draft(arch: str, model_dir: Path, agreeing: float) -> tuple[Path, str]:
     """The checkpoint the engines run with ``--speculative`` and the draft method: ``model_dir`` itself when it has
-    its draft already (a real DeepSeek checkpoint's MTP layer), else a copy beside it with an agreeing draft (kept:
-    a finished copy is reused)."""
-    from atom_core.tiny import add_mtp_layer
+    its draft already (a real DeepSeek or Qwen3-Next checkpoint's MTP layer), else a copy beside it with an agreeing
+    draft (kept: a finished copy is reused)."""
+    from atom_core import tiny
     from atom_tools.e2e.driver import kept
 
-    method = DRAFT_METHODS[arch]
-    if has_mtp_layer(model_dir):
-        return model_dir, method
-    out = model_dir.parent / f"{model_dir.name}-{method}-agreeing{agreeing:g}"
-    return kept(out, lambda: add_mtp_layer(model_dir, out, agreeing=agreeing)), method
+    draft = DRAFTS[arch]
+    if has_mtp_layer(model_dir, draft):
+        return model_dir, draft.method
+    out = model_dir.parent / f"{model_dir.name}-{draft.method}-agreeing{agreeing:g}"
+    return kept(out, lambda: getattr(tiny, draft.writer)(model_dir, out, agreeing=agreeing)), draft.method
 
 
-def has_mtp_layer(model_dir: Path) -> bool:
-    """Whether the checkpoint declares an MTP layer and carries its weights (``model.layers.<num_hidden_layers>.
-    eh_proj``, as DeepSeek publishes them); only the safetensors headers are read."""
+def has_mtp_layer(model_dir: Path, draft: Draft = DRAFTS["DeepseekV3ForCausalLM"]) -> bool:
+    """Whether the checkpoint declares an MTP layer and carries its weights (``draft.weight``, named as DeepSeek or
+    Qwen publish them); only the safetensors headers are read."""
     from safetensors import safe_open
 
     config = json.loads((model_dir / "config.json").read_text())
     if not config.get("num_nextn_predict_layers"):
         return False
-    name = f"model.layers.{config['num_hidden_layers']}.eh_proj.weight"
+    name = draft.weight.format(**config)
     for file in model_dir.glob("*.safetensors"):
         with safe_open(str(file), framework="pt") as f:
             if name in f.keys():

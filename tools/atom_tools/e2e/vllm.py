@@ -34,8 +34,8 @@ backend (``--attention-backend``; ``default`` is vLLM's own choice, ``CUSTOM`` A
 each records the backends its attention layers were built with, and agreement and the speed ratios are stated
 against the first engine.  ATOM's backend is registered by ATOM's plugin, so ``vllm@CUSTOM`` is not a combination.
 
-``--speculative N`` runs each engine a second time drafting ``N`` tokens with the model's own draft (DeepSeek-V3: an
-MTP layer added to the random checkpoint, its target made to agree with it; :mod:`atom_tools.e2e.drafts`), named
+``--speculative N`` runs each engine a second time drafting ``N`` tokens with the model's own draft (DeepSeek-V3 and
+Qwen3-Next: an MTP layer added to the random checkpoint, its target made to agree with it; :mod:`atom_tools.e2e.drafts`), named
 ``ENGINE+mtp``: the speed-up of drafting per implementation, the drafts' acceptance, and the drafting engines'
 greedy agreement with the same engine without drafts.
 """
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="each engine's share of GPU memory (default: 0.85 split evenly between the engines)")
     parser.add_argument("--speculative", type=int, default=0, metavar="N",
                         help="also run each implementation drafting N tokens with the model's own draft, its target "
-                             "made to agree with it (DeepSeek-V3: an MTP layer; atom_tools.e2e.drafts)")
+                             "made to agree with it (DeepSeek-V3, Qwen3-Next: an MTP layer; atom_tools.e2e.drafts)")
     parser.add_argument("--draft-agreeing", type=float, default=0.0,
                         help="with --speculative: how much the target reads its context (0: the draft is always "
                              "right; larger: accepted less often)")
