@@ -123,7 +123,7 @@ def test_rolling_update_matches_reference(device, rng, dtype, ragged):
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_rolling_steps_equal_one_conv_over_accepted_tokens(device, rng, backend):
-    """Prefill, then speculative steps of 1 + 2 draft tokens where 2, 1 and 3 of them are accepted (the
+    """Prefill (the reference), then speculative steps of 1 + 2 draft tokens where 2, 1 and 3 of them are accepted (the
     rejected drafts' inputs replaced by the next step's tokens): every accepted token's output and the final
     window equal one causal conv over the accepted tokens alone."""
     dim, width, prompt, num_spec = 20, 4, 5, 2
@@ -131,7 +131,7 @@ def test_rolling_steps_equal_one_conv_over_accepted_tokens(device, rng, backend)
     pool = torch.zeros(2, width - 1 + num_spec, dim, device=device).transpose(1, 2)
     slots = torch.tensor([1], device=device)
     accepted_stream = [randn(prompt, dim, device=device, gen=rng)]
-    outputs = [causal_conv1d.call_backend(backend, accepted_stream[0], weight, None, pool[:, :, : width - 1],
+    outputs = [causal_conv1d.call_backend("reference", accepted_stream[0], weight, None, pool[:, :, : width - 1],
                                           torch.tensor([0, prompt], dtype=torch.int32, device=device), slots, None,
                                           activation=None)]
     accepted = 1

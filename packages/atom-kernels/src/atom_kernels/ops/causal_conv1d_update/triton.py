@@ -29,13 +29,20 @@ def unsupported(x, weight, bias, conv_state, slots, activation="silu", *, num_ac
 
 
 @triton.jit
-def _tap(x_ptr, state_ptr, row0, length, slot, offset, cols, col_ok, sx_t, ss_slot, ss_d, ss_w,
+def _cols_if(cols, D, cond):
+    """``cols < D`` where the scalar ``cond`` holds, else no column (a tensor comparison: Triton 3.9's interpreter
+    refuses a mask that ands a scalar comparison into a tensor one)."""
+    return cols < tl.where(cond, D, 0)
+
+
+@triton.jit
+def _tap(x_ptr, state_ptr, row0, length, slot, offset, cols, col_ok, sx_t, ss_slot, ss_d, ss_w, D,
          idx: tl.constexpr, W: tl.constexpr):
     """Input ``idx`` relative to the first new token: the state's column ``offset + W - 1 + idx`` when negative."""
     if idx < 0:
         v = tl.load(state_ptr + slot * ss_slot + cols * ss_d + (offset + W - 1 + idx) * ss_w, mask=col_ok, other=0.0)
     else:
-        v = tl.load(x_ptr + (row0 + idx) * sx_t + cols, mask=col_ok & (idx < length), other=0.0)
+        v = tl.load(x_ptr + (row0 + idx) * sx_t + cols, mask=_cols_if(cols, D, idx < length), other=0.0)
     return v.to(tl.float32)
 
 
@@ -60,7 +67,7 @@ def _conv_update_kernel(
     if slot < 0:
         for t in tl.static_range(TQ):
             tl.store(out_ptr + (row0 + t) * so_t + cols, tl.zeros([BD], tl.float32).to(out_ptr.dtype.element_ty),
-                     mask=col_ok & (t < length))
+                     mask=_cols_if(cols, D, t < length))
         return
     if length == 0:
         return
@@ -74,23 +81,23 @@ def _conv_update_kernel(
         for w in tl.static_range(W):
             weight = tl.load(w_ptr + cols * sw_d + w * sw_w, mask=col_ok, other=0.0).to(tl.float32)
             acc += weight * _tap(x_ptr, state_ptr, row0, length, slot, offset, cols, col_ok, sx_t, ss_slot, ss_d, ss_w,
-                                 t + w - (W - 1), W)
+                                 D, t + w - (W - 1), W)
         if SILU:
             acc = acc * tl.sigmoid(acc)
-        tl.store(out_ptr + (row0 + t) * so_t + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok & (t < length))
+        tl.store(out_ptr + (row0 + t) * so_t + cols, acc.to(out_ptr.dtype.element_ty), mask=_cols_if(cols, D, t < length))
     # Shifting in place needs no barrier: each channel's loads and stores are issued by the same thread in program
     # order, and every column is read before it is overwritten.
     if ROLLING:
         # new column j = input j - (W - 2): old column offset + 1 + j (> j) for j < W - 2, then the new tokens
         for j in tl.static_range(W - 2 + TQ):
-            value = _tap(x_ptr, state_ptr, row0, length, slot, offset, cols, col_ok, sx_t, ss_slot, ss_d, ss_w,
+            value = _tap(x_ptr, state_ptr, row0, length, slot, offset, cols, col_ok, sx_t, ss_slot, ss_d, ss_w, D,
                          j - (W - 2), W)
             tl.store(state_ptr + slot * ss_slot + cols * ss_d + j * ss_w, value.to(state_ptr.dtype.element_ty),
-                     mask=col_ok & (j < W - 2 + length))
+                     mask=_cols_if(cols, D, j < W - 2 + length))
     else:
         # new column j = input TQ + j - (W - 1): old column TQ + j > j, read at step j, before it is written
         for j in tl.static_range(W - 1):
-            value = _tap(x_ptr, state_ptr, row0, length, slot, offset, cols, col_ok, sx_t, ss_slot, ss_d, ss_w,
+            value = _tap(x_ptr, state_ptr, row0, length, slot, offset, cols, col_ok, sx_t, ss_slot, ss_d, ss_w, D,
                          TQ + j - (W - 1), W)
             tl.store(state_ptr + slot * ss_slot + cols * ss_d + j * ss_w, value.to(state_ptr.dtype.element_ty),
                      mask=col_ok)

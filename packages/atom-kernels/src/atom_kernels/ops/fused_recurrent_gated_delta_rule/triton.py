@@ -88,6 +88,9 @@ def _decode_kernel(
     else:
         tile = cols_k[:, None] * ss_k + cols_v[None, :] * ss_v
         tile_mask = mask_k[:, None] & mask_v[None, :]
+    # whether a per-token write slot is not skipped, as a tensor comparison (Triton 3.9's interpreter refuses a mask
+    # that ands a scalar comparison into a tensor one)
+    tile_cols = cols_v[:, None] + 0 * cols_k[None, :] if V_MAJOR_STATE else 0 * cols_k[:, None] + cols_v[None, :]
     S = tl.load(state_ptr + read_slot * ss_slot + hv * ss_h + tile, mask=tile_mask, other=0.0).to(tl.float32)
 
     A_log = tl.load(A_log_ptr + hv).to(tl.float32)
@@ -118,7 +121,7 @@ def _decode_kernel(
         if PER_TOKEN_SLOTS:
             write_slot = tl.load(slots_ptr + n64 * sl_n + t * sl_t).to(tl.int64)
             tl.store(state_ptr + write_slot * ss_slot + hv * ss_h + tile, S.to(state_ptr.dtype.element_ty),
-                     mask=tile_mask & (write_slot >= 0))
+                     mask=tile_mask & (tile_cols < tl.where(write_slot >= 0, V, 0)))
         t += 1
     if not PER_TOKEN_SLOTS:  # (a sequence without tokens writes back the state it read)
         tl.store(state_ptr + read_slot * ss_slot + hv * ss_h + tile, S.to(state_ptr.dtype.element_ty), mask=tile_mask)
