@@ -51,8 +51,7 @@ StateShapes = tuple[tuple[int, ...], tuple[int, ...]]
 
 def num_speculative_tokens(vllm_config: Any) -> int:
     """The draft tokens per step of the engine's speculative config (0 without one)."""
-    spec = getattr(vllm_config, "speculative_config", None)
-    return (getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+    return getattr(getattr(vllm_config, "speculative_config", None), "num_speculative_tokens", None) or 0
 
 
 def state_shapes(vllm_config: Any) -> StateShapes:

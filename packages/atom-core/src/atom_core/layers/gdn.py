@@ -269,16 +269,13 @@ class GatedDeltaNet(nn.Module):
     def _conv(self, x: torch.Tensor, step: LinearAttentionStep) -> torch.Tensor:
         weight = self.conv1d.weight.view(self.conv_dim, -1)
         plain_state = step.conv_state[:, :, : weight.shape[1] - 1]  # all of it unless a rolling buffer
-
-        def decode(rows):
-            if step.num_accepted_tokens is None:
-                return causal_conv1d_update(x[rows], weight, None, plain_state, step.decode_slots,
-                                            cu_seqlens=step.decode_cu_seqlens)
-            return causal_conv1d_update(x[rows], weight, None, step.conv_state, step.decode_slots,
-                                        num_accepted_tokens=step.num_accepted_tokens, cu_seqlens=step.decode_cu_seqlens)
-
+        # a speculative step (num_accepted_tokens) rolls the whole buffer; a plain one shifts its first W - 1 columns
+        decode_state = plain_state if step.num_accepted_tokens is None else step.conv_state
         return _by_phase(
-            step, x.shape[0], (self.conv_dim,), x, decode=decode,
+            step, x.shape[0], (self.conv_dim,), x,
+            decode=lambda rows: causal_conv1d_update(x[rows], weight, None, decode_state, step.decode_slots,
+                                                     num_accepted_tokens=step.num_accepted_tokens,
+                                                     cu_seqlens=step.decode_cu_seqlens),
             prefill=lambda rows: causal_conv1d(x[rows], weight, None, plain_state, step.prefill_cu_seqlens,
                                                step.prefill_slots, step.prefill_has_initial_state),
         )
