@@ -74,6 +74,34 @@ def test_quantized_fused_moe(device, rng, fmt, tokens, experts, top_k, hidden, i
         assert_close(out.cpu(), ref, tol=tol)
 
 
+# split-K: the gate|up K split 4 ways, the down K 2 or 3 ways (hidden 640 / inter 320: the last split of each
+# starts past K, so it reads nothing and adds zeros)
+SPLIT = {"fp8-block": MoeKernelConfig(16, GemmTile(64, 128, split_k=4), GemmTile(64, 128, split_k=3), group_m=1),
+         "mxfp4": MoeKernelConfig(16, GemmTile(64, 64, split_k=4), GemmTile(64, 64, split_k=2), group_m=1)}
+
+
+@pytest.mark.parametrize("fmt", ["fp8-block", "mxfp4"])
+@pytest.mark.parametrize("tokens,top_k,with_map", [(1, 4, False), (6, 2, True), (3, 1, False)])
+def test_quantized_fused_moe_split_k(device, rng, fmt, tokens, top_k, with_map):
+    """Split-K partials summed per pair (with expert biases and gpt-oss' SwiGLU) = one program per K."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    hidden, inter = (640, 256) if fmt == "fp8-block" else (640, 320)
+    x, w13, w2, weights, ids = make_case(rng, tokens, 6, top_k, hidden, inter, dtype)
+    q13, q2, quant = quantize_experts(w13[:4] if with_map else w13, w2[:4] if with_map else w2, fmt)
+    experts = q13.shape[0]
+    b13 = randn(experts, 2 * inter, gen=rng, scale=0.1).to(dtype)
+    b2 = randn(experts, hidden, gen=rng, scale=0.1).to(dtype)
+    expert_map = torch.tensor([0, -1, 1, 2, -1, 3], dtype=torch.int32) if with_map else None
+    kw = dict(expert_map=expert_map, w13_bias=b13, w2_bias=b2, activation="swigluoai")
+    ref = fused_moe.call_backend("reference", x, q13, q2, weights, ids, quant=quant, **kw)
+    dev = dict(zip(kw, to(device, *kw.values())))
+    xd, q13d, q2d, wd, idd = to(device, x, q13, q2, weights, ids)
+    out = fused_moe.call_backend("triton", xd, q13d, q2d, wd, idd, quant=quant_to(device, quant), config=SPLIT[fmt], **dev)
+    assert_close(out.cpu(), ref, tol=(TOL if device.type == "cpu" else GPU_TOL)[(fmt, dtype)])
+    whole = fused_moe.call_backend("triton", xd, q13d, q2d, wd, idd, quant=quant_to(device, quant), **dev)
+    assert_close(out.cpu(), whole.cpu(), tol=(TOL if device.type == "cpu" else GPU_TOL)[(fmt, dtype)])
+
+
 @pytest.mark.parametrize("fmt", ["fp8-block", "mxfp4"])
 def test_quantized_fused_moe_expert_parallel(device, rng, fmt):
     """Experts held elsewhere (map -1) contribute nothing; the local ones use local indices."""

@@ -13,10 +13,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class GemmTile:
+    """``split_k``: programs sharing each output tile's K range (fp32 partials summed in split order by the next
+    kernel); only the quantized-expert kernels take it, where few experts leave the GPU with too few programs."""
+
     block_n: int
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,10 @@ class MoeKernelConfig:
     group_m: int = 8
 
     def name(self) -> str:
-        u, d = self.up, self.down
-        return (f"m{self.block_m}-up{u.block_n}x{u.block_k}w{u.num_warps}s{u.num_stages}"
-                f"-down{d.block_n}x{d.block_k}w{d.num_warps}s{d.num_stages}-g{self.group_m}")
+        def tile(t: GemmTile) -> str:
+            return f"{t.block_n}x{t.block_k}w{t.num_warps}s{t.num_stages}" + (f"k{t.split_k}" if t.split_k > 1 else "")
+
+        return f"m{self.block_m}-up{tile(self.up)}-down{tile(self.down)}-g{self.group_m}"
 
 
 # (upper bound of tokens per expert, class name); the last class takes everything larger.
@@ -97,7 +102,7 @@ def _fit(tile: GemmTile, block_m: int, weight_tiles: int, elem_bytes: int) -> Ge
     """``tile`` with as many pipeline stages as fit the shared-memory budget (at least 1)."""
     per_stage = (block_m * tile.block_k + weight_tiles * tile.block_k * tile.block_n) * elem_bytes
     stages = max(1, min(tile.num_stages, SHARED_MEMORY_BUDGET // per_stage))
-    return tile if stages == tile.num_stages else GemmTile(tile.block_n, tile.block_k, tile.num_warps, stages)
+    return tile if stages == tile.num_stages else GemmTile(tile.block_n, tile.block_k, tile.num_warps, stages, tile.split_k)
 
 
 def fit_shared_memory(cfg: MoeKernelConfig, elem_bytes: int) -> MoeKernelConfig:

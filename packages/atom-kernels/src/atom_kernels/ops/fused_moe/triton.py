@@ -49,6 +49,8 @@ def unsupported(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, qua
         return "expert weights must be 3-D with contiguous rows"
     if config is not None and (config.block_m < 16 or config.block_m & (config.block_m - 1)):
         return f"block_m {config.block_m} must be a power of two >= 16"
+    if config is not None and max(config.up.split_k, config.down.split_k) > 1:
+        return "split_k is a quantized-expert tile option"
     return None
 
 

@@ -42,12 +42,15 @@ QUANT_CONFIGS: dict[str, MoeKernelConfig] = {
 }
 
 
-# Decode-shape alternatives the bench times (merged over QUANT_CONFIGS["decode"]).
+# Decode-shape alternatives the bench times (merged over QUANT_CONFIGS["decode"]): longer K steps, and K split over
+# 2-8 programs (a few experts' column tiles alone leave most SMs one program with a long, latency-bound K loop).
 QUANT_SWEEP: tuple[MoeKernelConfig, ...] = (
     MoeKernelConfig(16, GemmTile(64, 256, 4, 3), GemmTile(64, 256, 4, 3), group_m=1),
-    MoeKernelConfig(16, GemmTile(128, 128, 8, 4), GemmTile(128, 128, 8, 4), group_m=1),
-    MoeKernelConfig(16, GemmTile(64, 128, 4, 6), GemmTile(64, 128, 4, 6), group_m=1),
-    MoeKernelConfig(16, GemmTile(64, 64, 4, 4), GemmTile(64, 64, 4, 4), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 128, 4, 3, split_k=2), GemmTile(64, 128, 4, 3, split_k=2), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 128, 4, 3, split_k=4), GemmTile(64, 128, 4, 3, split_k=4), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 128, 4, 3, split_k=8), GemmTile(64, 128, 4, 3, split_k=8), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 64, 4, 4, split_k=4), GemmTile(64, 64, 4, 4, split_k=4), group_m=1),
+    MoeKernelConfig(16, GemmTile(32, 128, 2, 3, split_k=4), GemmTile(32, 128, 2, 3, split_k=4), group_m=1),
 )
 
 
@@ -90,7 +93,8 @@ def _load_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, scale_rows,
         ks = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + expert * w_stride_e + rows.to(tl.int64)[:, None] * w_stride_n + ks[None, :],
                     mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
-        scale = tl.load(s_ptr + expert * s_stride_e + scale_rows * s_stride_n + k0 // 128, mask=row_ok, other=0.0)
+        scale = tl.load(s_ptr + expert * s_stride_e + scale_rows * s_stride_n + k0 // 128, mask=row_ok & (k0 < K),
+                        other=0.0)
         return w, scale
     else:
         NB: tl.constexpr = BLOCK_K // (32 * C)
@@ -128,13 +132,14 @@ def _mma(w, x, acc, FORMAT: tl.constexpr, EXACT: tl.constexpr):
 @triton.jit
 def _moe_up_quant_kernel(
     x_ptr, x_stride, xs_ptr, xs_stride, w_ptr, w_stride_e, w_stride_n, s_ptr, s_stride_e, s_stride_n,
-    act_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks, b_ptr, b_stride_e,
+    act_ptr, ws_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks, b_ptr, b_stride_e,
     TOP_K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, FORMAT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr,
+    EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
     HAS_BIAS: tl.constexpr = False, SWIGLU: tl.constexpr = False,
 ):
     block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
+    split = tl.program_id(1)
     expert = tl.load(block_experts_ptr + block).to(tl.int64)
     if expert < 0:
         return
@@ -147,7 +152,8 @@ def _moe_up_quant_kernel(
     gate = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     UP_SCALE_ROW: tl.constexpr = I // 128  # fp8: the up projection's first block-scale row (I % 128 == 0)
-    for k0 in range(0, H, BLOCK_K):
+    for step in range(0, K_SPLIT, BLOCK_K):
+        k0 = split * K_SPLIT + step
         x = _activation_tile(x_ptr, tokens, row_ok, x_stride, k0, H, FORMAT, BLOCK_K, BLOCK_M, EXACT, C)
         wg, sg = _load_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, cols // 128, w_stride_e, w_stride_n,
                                    s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT, C)
@@ -155,7 +161,7 @@ def _moe_up_quant_kernel(
                                    w_stride_e, w_stride_n, s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K,
                                    EXACT, SHIFT, C)
         if FORMAT == 0:
-            sx = tl.load(xs_ptr + tokens.to(tl.int64) * xs_stride + k0 // 128, mask=row_ok, other=0.0)
+            sx = tl.load(xs_ptr + tokens.to(tl.int64) * xs_stride + k0 // 128, mask=row_ok & (k0 < H), other=0.0)
             gate += tl.dot(wg, x) * (sg[:, None] * sx[None, :])
             up += tl.dot(wu, x) * (su[:, None] * sx[None, :])
         else:
@@ -164,12 +170,17 @@ def _moe_up_quant_kernel(
     if FORMAT == 1:
         gate = gate * (2.0 ** SHIFT)
         up = up * (2.0 ** SHIFT)
+    mask = col_ok[:, None] & row_ok[None, :]
+    if SPLIT_K > 1:  # fp32 partials [split, pair, gate | up]; _moe_up_finish_kernel sums them
+        ws = ws_ptr + (split * num_pairs + pairs).to(tl.int64)[None, :] * (2 * I) + cols[:, None]
+        tl.store(ws, gate, mask=mask)
+        tl.store(ws + I, up, mask=mask)
+        return
     if HAS_BIAS:
         gate += load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS)[:, None]
         up += load_bias(b_ptr, expert, b_stride_e, cols + I, col_ok, HAS_BIAS)[:, None]
     act = expert_activation(gate, up, SWIGLU)
-    out_ptrs = act_ptr + rows.to(tl.int64)[None, :] * I + cols[:, None]
-    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
+    tl.store(act_ptr + pairs.to(tl.int64)[None, :] * I + cols[:, None], act.to(act_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -178,9 +189,11 @@ def _moe_down_quant_kernel(
     out_ptr, weights_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks, b_ptr, b_stride_e,
     H: tl.constexpr, I: tl.constexpr, FORMAT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr, HAS_BIAS: tl.constexpr = False,
+    EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr = False,
 ):
     block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
+    split = tl.program_id(1)
     expert = tl.load(block_experts_ptr + block).to(tl.int64)
     if expert < 0:
         return
@@ -190,27 +203,93 @@ def _moe_down_quant_kernel(
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
-        a = _activation_tile(a_ptr, rows, row_ok, a_stride, k0, I, FORMAT, BLOCK_K, BLOCK_M, EXACT, C)
+    for step in range(0, K_SPLIT, BLOCK_K):
+        k0 = split * K_SPLIT + step
+        a = _activation_tile(a_ptr, pairs, row_ok, a_stride, k0, I, FORMAT, BLOCK_K, BLOCK_M, EXACT, C)
         w, sw = _load_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, cols // 128, w_stride_e, w_stride_n,
                                   s_stride_e, s_stride_n, I, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT, C)
         if FORMAT == 0:
-            sa = tl.load(as_ptr + rows.to(tl.int64) * as_stride + k0 // 128, mask=row_ok, other=0.0)
+            sa = tl.load(as_ptr + pairs.to(tl.int64) * as_stride + k0 // 128, mask=row_ok & (k0 < I), other=0.0)
             acc += tl.dot(w, a) * (sw[:, None] * sa[None, :])
         else:
             acc = _mma(w, a, acc, FORMAT, EXACT)
     if FORMAT == 1:
         acc = acc * (2.0 ** SHIFT)
+    mask = col_ok[:, None] & row_ok[None, :]
+    if SPLIT_K > 1:  # fp32 partials [split, pair, H]; _moe_split_sum_kernel adds bias, routing and the k pairs
+        tl.store(out_ptr + (split * num_pairs + pairs).to(tl.int64)[None, :] * H + cols[:, None], acc, mask=mask)
+        return
     if HAS_BIAS:
         acc += load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS)[:, None]
     routing = tl.load(weights_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)
     acc = acc * routing[None, :]
     out_ptrs = out_ptr + pairs.to(tl.int64)[None, :] * H + cols[:, None]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _local_expert(ids_ptr, map_ptr, pair, HAS_MAP: tl.constexpr):
+    """The local expert index of ``pair`` (-1: held by another rank)."""
+    expert = tl.load(ids_ptr + pair)
+    if HAS_MAP:
+        expert = tl.load(map_ptr + expert)
+    return expert.to(tl.int64)
+
+
+@triton.jit
+def _moe_up_finish_kernel(
+    ws_ptr, act_ptr, ids_ptr, map_ptr, b_ptr, b_stride_e, num_pairs,
+    I: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_MAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SWIGLU: tl.constexpr,
+):
+    """Split-K gate|up: each pair's partials summed in split order, bias, activation -> ``act[pair]``."""
+    pair = tl.program_id(0).to(tl.int64)
+    expert = _local_expert(ids_ptr, map_ptr, pair, HAS_MAP)
+    if expert < 0:
+        return
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < I
+    gate = load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS)
+    up = load_bias(b_ptr, expert, b_stride_e, cols + I, col_ok, HAS_BIAS)
+    for split in tl.static_range(SPLIT_K):
+        ws = ws_ptr + (split * num_pairs + pair) * (2 * I) + cols
+        gate += tl.load(ws, mask=col_ok, other=0.0)
+        up += tl.load(ws + I, mask=col_ok, other=0.0)
+    act = expert_activation(gate, up, SWIGLU)
+    tl.store(act_ptr + pair * I + cols, act.to(act_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def _moe_split_sum_kernel(
+    ws_ptr, weights_ptr, ids_ptr, map_ptr, b_ptr, b_stride_e, out_ptr, out_stride, num_pairs,
+    TOP_K: tl.constexpr, H: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_H: tl.constexpr, HAS_MAP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Split-K down: ``out[t] = Σ_j w[t, j] (Σ_split partial + bias)`` over the token's pairs held here."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        pair = token * TOP_K + j
+        expert = _local_expert(ids_ptr, map_ptr, pair, HAS_MAP)
+        take = col_ok & (expert >= 0)
+        y = load_bias(b_ptr, tl.maximum(expert, 0), b_stride_e, cols, take, HAS_BIAS)
+        for split in tl.static_range(SPLIT_K):
+            y += tl.load(ws_ptr + (split * num_pairs + pair) * H + cols, mask=take, other=0.0)
+        acc += y * tl.load(weights_ptr + pair).to(tl.float32)
+    tl.store(out_ptr + token * out_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 def quant_config_for(num_pairs: int, num_experts: int) -> MoeKernelConfig:
     return QUANT_CONFIGS[shape_class(num_pairs, num_experts)]
+
+
+def k_split(k: int, tile: GemmTile, block_k: int) -> tuple[int, int]:
+    """(splits, K per split): ``tile.split_k`` parts of whole K steps (fewer where K has fewer steps)."""
+    steps = triton.cdiv(k, block_k)
+    per_split = triton.cdiv(steps, max(1, min(tile.split_k, steps)))
+    return triton.cdiv(steps, per_split), per_split * block_k
 
 
 def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None, quant=None,
@@ -247,34 +326,55 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
         c_up, c_down = chunk_groups(size, k_up), chunk_groups(inter, k_down)
         w13v, w2v = w13.view(torch.int32), w2.view(torch.int32)  # 8 codes per word
         s13, s2 = quant.w13_scale.view(torch.uint8), quant.w2_scale.view(torch.uint8)
-    act = torch.empty((sorted_ids.numel(), inter), dtype=hidden.dtype, device=hidden.device)
+    # the SiLU-and-mul rows, one per pair (pairs of experts held elsewhere are never written or read)
+    act = torch.empty((num_pairs, inter), dtype=hidden.dtype, device=hidden.device)
     b13 = w13_bias if w13_bias is not None else hidden  # (never read without HAS_BIAS)
     b2 = w2_bias if w2_bias is not None else hidden
-    _moe_up_quant_kernel[(num_row_blocks * triton.cdiv(inter, up.block_n),)](
+    ids = topk_ids.reshape(-1).contiguous()
+    emap = expert_map if has_map else ids
+    splits_up, k_split_up = k_split(size, up, k_up)
+    ws13 = torch.empty((splits_up, num_pairs, 2 * inter), dtype=torch.float32, device=hidden.device) if splits_up > 1 else act
+    _moe_up_quant_kernel[(num_row_blocks * triton.cdiv(inter, up.block_n), splits_up)](
         x, x.stride(0), xs, xs.stride(0), w13v, w13v.stride(0), w13v.stride(1), s13, s13.stride(0), s13.stride(1),
-        act, sorted_ids, block_experts, num_pairs, num_row_blocks, b13, b13.stride(0),
+        act, ws13, sorted_ids, block_experts, num_pairs, num_row_blocks, b13, b13.stride(0),
         TOP_K=top_k, H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=up.block_n, BLOCK_K=k_up,
-        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_up, HAS_BIAS=w13_bias is not None,
-        SWIGLU=activation == "swigluoai", num_warps=up.num_warps, num_stages=up.num_stages,
+        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_up, SPLIT_K=splits_up, K_SPLIT=k_split_up,
+        HAS_BIAS=w13_bias is not None, SWIGLU=activation == "swigluoai", num_warps=up.num_warps,
+        num_stages=up.num_stages,
     )
+    if splits_up > 1:
+        block = min(1024, triton.next_power_of_2(inter))
+        _moe_up_finish_kernel[(num_pairs, triton.cdiv(inter, block))](
+            ws13, act, ids, emap, b13, b13.stride(0), num_pairs, I=inter, SPLIT_K=splits_up, BLOCK=block,
+            HAS_MAP=has_map, HAS_BIAS=w13_bias is not None, SWIGLU=activation == "swigluoai", num_warps=4,
+        )
     if fmt == FP8_BLOCK:
         a, a_s = quant_fp8(act, SCALE_BLOCK)
     else:
         a, a_s = act, act  # a_s unused
-    pair_out = out if top_k == 1 else torch.empty((num_pairs, size), dtype=hidden.dtype, device=hidden.device)
-    _moe_down_quant_kernel[(num_row_blocks * triton.cdiv(size, down.block_n),)](
+    splits_down, k_split_down = k_split(inter, down, k_down)
+    if splits_down > 1:
+        pair_out = torch.empty((splits_down, num_pairs, size), dtype=torch.float32, device=hidden.device)
+    else:
+        pair_out = out if top_k == 1 else torch.empty((num_pairs, size), dtype=hidden.dtype, device=hidden.device)
+    _moe_down_quant_kernel[(num_row_blocks * triton.cdiv(size, down.block_n), splits_down)](
         a, a.stride(0), a_s, a_s.stride(0), w2v, w2v.stride(0), w2v.stride(1), s2, s2.stride(0), s2.stride(1),
         pair_out, weights, sorted_ids, block_experts, num_pairs, num_row_blocks, b2, b2.stride(0),
         H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=down.block_n, BLOCK_K=k_down,
-        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_down, HAS_BIAS=w2_bias is not None,
-        num_warps=down.num_warps,
-        num_stages=down.num_stages,
+        GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_down, SPLIT_K=splits_down, K_SPLIT=k_split_down,
+        HAS_BIAS=w2_bias is not None, num_warps=down.num_warps, num_stages=down.num_stages,
     )
-    if top_k > 1:
+    if splits_down > 1:
         block_h = min(1024, triton.next_power_of_2(size))
-        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+        _moe_split_sum_kernel[(tokens, triton.cdiv(size, block_h))](
+            pair_out, weights, ids, emap, b2, b2.stride(0), out, out.stride(0), num_pairs,
+            TOP_K=top_k, H=size, SPLIT_K=splits_down, BLOCK_H=block_h, HAS_MAP=has_map,
+            HAS_BIAS=w2_bias is not None, num_warps=4,
+        )
+    elif top_k > 1:
+        block_h = min(1024, triton.next_power_of_2(size))
         _moe_sum_kernel[(tokens, triton.cdiv(size, block_h))](
-            pair_out, ids, expert_map if has_map else ids, out, out.stride(0),
+            pair_out, ids, emap, out, out.stride(0),
             TOP_K=top_k, H=size, BLOCK_H=block_h, HAS_MAP=has_map, num_warps=4,
         )
     return out
