@@ -27,7 +27,9 @@ from atom_kernels.ops._triton_common import grouped_tile
 from atom_kernels.ops.fused_moe.configs import GemmTile, MoeKernelConfig, shape_class
 from atom_kernels.ops.fused_moe.triton import _moe_sum_kernel, expert_activation, load_bias
 from atom_kernels.ops.moe_align.triton import moe_align_block_size
-from atom_kernels.ops.mxfp4_mm.triton_small_m import _SHIFT, activation_k, chunk_groups, logical_tile, run_scales, word_runs
+from atom_kernels.ops.mxfp4_mm.triton_small_m import (
+    _SHIFT, activation_k, chunk_groups, from_mma_rows, from_mma_rows_t, logical_tile, mma_rows, run_scales, word_runs,
+)
 
 FP8_BLOCK, MXFP4 = 0, 1
 FORMATS = {"fp8-block": FP8_BLOCK, "mxfp4": MXFP4}
@@ -83,12 +85,16 @@ def unsupported_quant(hidden, w13, w2, quant, config) -> str | None:
 
 
 @triton.jit
-def _load_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, scale_rows,
+def _load_weight_tile(w_ptr, s_ptr, expert, first_row, row_end, k0, scale_rows,
                       w_stride_e, w_stride_n, s_stride_e, s_stride_n,
                       K: tl.constexpr, FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr):
-    """The weight tile ``[BLOCK_N, BLOCK_K]`` of ``rows`` at K offset ``k0`` (mxfp4: in the permuted K order of
-    ``activation_k``), and (fp8) its block scales ``[BLOCK_N]`` from block-scale rows ``scale_rows``."""
+                      EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr, MMA_ROWS: tl.constexpr):
+    """The weight tile ``[BLOCK_N, BLOCK_K]`` of rows ``first_row ..`` (those at or past ``row_end`` read as zeros
+    or as ``first_row``, never stored) at K offset ``k0`` (mxfp4: in the permuted K order of ``activation_k``;
+    ``MMA_ROWS``: words and scales loaded in the warpgroup MMA operand's row order, ``triton_small_m.mma_rows``),
+    and (fp8) its block scales ``[BLOCK_N]`` from block-scale rows ``scale_rows``."""
+    rows = first_row + tl.arange(0, BLOCK_N)
+    row_ok = rows < row_end
     if FORMAT == 0:
         ks = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + expert * w_stride_e + rows.to(tl.int64)[:, None] * w_stride_n + ks[None, :],
@@ -98,11 +104,25 @@ def _load_weight_tile(w_ptr, s_ptr, expert, rows, row_ok, k0, scale_rows,
         return w, scale
     else:
         NB: tl.constexpr = BLOCK_K // (32 * C)
-        ok = row_ok[:, None, None] & ((k0 // (32 * C) + tl.arange(0, NB)) < K // (32 * C))[None, :, None]
-        words = tl.load(w_ptr + expert * w_stride_e + rows.to(tl.int64)[:, None, None] * w_stride_n
-                        + (k0 // 8 + word_runs(NB, C))[None, :, :], mask=ok, other=0)
-        e = tl.load(s_ptr + expert * s_stride_e + rows.to(tl.int64)[:, None, None] * s_stride_n
-                    + (k0 // 32 + run_scales(NB, C))[None, :, :], mask=ok, other=0)
+        blk_ok = (k0 // (32 * C) + tl.arange(0, NB)) < K // (32 * C)
+        w_base = w_ptr + expert * w_stride_e + k0 // 8
+        s_base = s_ptr + expert * s_stride_e + k0 // 32
+        if MMA_ROWS:
+            r = first_row + mma_rows(BLOCK_N)  # [8, 4, 2, 1, BLOCK_N / 64]
+            r = tl.where(r < row_end, r, first_row).to(tl.int64)
+            w_off = r[:, :, :, :, :, None] * w_stride_n + word_runs(NB, C)[None, None, None, :, None, :]
+            words = tl.load(w_base + tl.max_contiguous(w_off, [1, 1, 1, 1, 1, C]),
+                            mask=blk_ok[None, None, None, :, None, None], other=0)
+            s_off = r[None, :, :, :, :, :] * s_stride_n + tl.trans(run_scales(NB, C))[:, None, None, None, :, None]
+            e = tl.load(s_base + s_off, mask=blk_ok[None, None, None, None, :, None], other=0)
+            words = from_mma_rows(words, BLOCK_N, NB, 4 * C)
+            e = from_mma_rows_t(e, BLOCK_N, NB, 4)
+        else:
+            ok = row_ok[:, None, None] & blk_ok[None, :, None]
+            words = tl.load(w_base + rows.to(tl.int64)[:, None, None] * w_stride_n + word_runs(NB, C)[None, :, :],
+                            mask=ok, other=0)
+            e = tl.load(s_base + rows.to(tl.int64)[:, None, None] * s_stride_n + run_scales(NB, C)[None, :, :],
+                        mask=ok, other=0)
         return logical_tile(words, e, BLOCK_N, BLOCK_K, C, True, EXACT, SHIFT), tl.zeros([BLOCK_N], dtype=tl.float32)
 
 
@@ -136,7 +156,7 @@ def _moe_up_quant_kernel(
     TOP_K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, FORMAT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
-    HAS_BIAS: tl.constexpr = False, SWIGLU: tl.constexpr = False,
+    MMA_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr = False, SWIGLU: tl.constexpr = False,
 ):
     block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
     split = tl.program_id(1)
@@ -155,11 +175,11 @@ def _moe_up_quant_kernel(
     for step in range(0, K_SPLIT, BLOCK_K):
         k0 = split * K_SPLIT + step
         x = _activation_tile(x_ptr, tokens, row_ok, x_stride, k0, H, FORMAT, BLOCK_K, BLOCK_M, EXACT, C)
-        wg, sg = _load_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, cols // 128, w_stride_e, w_stride_n,
-                                   s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT, C)
-        wu, su = _load_weight_tile(w_ptr, s_ptr, expert, cols + I, col_ok, k0, UP_SCALE_ROW + cols // 128,
+        wg, sg = _load_weight_tile(w_ptr, s_ptr, expert, tile * BLOCK_N, I, k0, cols // 128, w_stride_e, w_stride_n,
+                                   s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT, C, MMA_ROWS)
+        wu, su = _load_weight_tile(w_ptr, s_ptr, expert, I + tile * BLOCK_N, 2 * I, k0, UP_SCALE_ROW + cols // 128,
                                    w_stride_e, w_stride_n, s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K,
-                                   EXACT, SHIFT, C)
+                                   EXACT, SHIFT, C, MMA_ROWS)
         if FORMAT == 0:
             sx = tl.load(xs_ptr + tokens.to(tl.int64) * xs_stride + k0 // 128, mask=row_ok & (k0 < H), other=0.0)
             gate += tl.dot(wg, x) * (sg[:, None] * sx[None, :])
@@ -190,7 +210,7 @@ def _moe_down_quant_kernel(
     H: tl.constexpr, I: tl.constexpr, FORMAT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EXACT: tl.constexpr, SHIFT: tl.constexpr, C: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
-    HAS_BIAS: tl.constexpr = False,
+    MMA_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr = False,
 ):
     block, tile = grouped_tile(tl.program_id(0), num_row_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
     split = tl.program_id(1)
@@ -206,8 +226,8 @@ def _moe_down_quant_kernel(
     for step in range(0, K_SPLIT, BLOCK_K):
         k0 = split * K_SPLIT + step
         a = _activation_tile(a_ptr, pairs, row_ok, a_stride, k0, I, FORMAT, BLOCK_K, BLOCK_M, EXACT, C)
-        w, sw = _load_weight_tile(w_ptr, s_ptr, expert, cols, col_ok, k0, cols // 128, w_stride_e, w_stride_n,
-                                  s_stride_e, s_stride_n, I, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT, C)
+        w, sw = _load_weight_tile(w_ptr, s_ptr, expert, tile * BLOCK_N, H, k0, cols // 128, w_stride_e, w_stride_n,
+                                  s_stride_e, s_stride_n, I, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT, C, MMA_ROWS)
         if FORMAT == 0:
             sa = tl.load(as_ptr + pairs.to(tl.int64) * as_stride + k0 // 128, mask=row_ok & (k0 < I), other=0.0)
             acc += tl.dot(w, a) * (sw[:, None] * sa[None, :])
@@ -285,6 +305,11 @@ def quant_config_for(num_pairs: int, num_experts: int) -> MoeKernelConfig:
     return QUANT_CONFIGS[shape_class(num_pairs, num_experts)]
 
 
+def loads_in_mma_rows(tile: GemmTile) -> bool:
+    """MXFP4 weight loads in the warpgroup MMA operand's row order: one warpgroup over whole 64-row tiles."""
+    return tile.block_n % 64 == 0 and tile.num_warps == 4
+
+
 def k_split(k: int, tile: GemmTile, block_k: int) -> tuple[int, int]:
     """(splits, K per split): ``tile.split_k`` parts of whole K steps (fewer where K has fewer steps)."""
     steps = triton.cdiv(k, block_k)
@@ -339,7 +364,7 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
         act, ws13, sorted_ids, block_experts, num_pairs, num_row_blocks, b13, b13.stride(0),
         TOP_K=top_k, H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=up.block_n, BLOCK_K=k_up,
         GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_up, SPLIT_K=splits_up, K_SPLIT=k_split_up,
-        HAS_BIAS=w13_bias is not None, SWIGLU=activation == "swigluoai", num_warps=up.num_warps,
+        MMA_ROWS=loads_in_mma_rows(up), HAS_BIAS=w13_bias is not None, SWIGLU=activation == "swigluoai", num_warps=up.num_warps,
         num_stages=up.num_stages,
     )
     if splits_up > 1:
@@ -362,7 +387,7 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
         pair_out, weights, sorted_ids, block_experts, num_pairs, num_row_blocks, b2, b2.stride(0),
         H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=down.block_n, BLOCK_K=k_down,
         GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_down, SPLIT_K=splits_down, K_SPLIT=k_split_down,
-        HAS_BIAS=w2_bias is not None, num_warps=down.num_warps, num_stages=down.num_stages,
+        MMA_ROWS=loads_in_mma_rows(down), HAS_BIAS=w2_bias is not None, num_warps=down.num_warps, num_stages=down.num_stages,
     )
     if splits_down > 1:
         block_h = min(1024, triton.next_power_of_2(size))
