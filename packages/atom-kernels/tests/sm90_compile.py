@@ -17,7 +17,9 @@ import triton
 from atom_kernels.ops.fp8_gemm import BLOCKWISE_CONFIGS as FP8_BLOCK_CONFIGS
 from atom_kernels.ops.fp8_gemm import CONFIGS as FP8_CONFIGS
 from atom_kernels.ops.fp8_gemm import _fp8_gemm_kernel
-from atom_kernels.ops.fused_moe.triton_quant import QUANT_CONFIGS, _moe_down_quant_kernel, _moe_up_quant_kernel
+from atom_kernels.ops.fused_moe.triton_quant import (
+    QUANT_CONFIGS, _moe_down_quant_kernel, _moe_up_quant_kernel, loads_in_mma_rows,
+)
 from atom_kernels.ops.mxfp4_mm.decode import chunk_groups
 from atom_kernels.ops.mxfp4_mm.planner import DEFAULT as SMALL_M_DEFAULT
 from atom_kernels.ops.mxfp4_mm.planner import plan
@@ -95,17 +97,18 @@ MX_SIG = {
 MOE_UP_SIG = {
     "x_ptr": "*fp8e4nv", "x_stride": "i32", "xs_ptr": "*fp32", "xs_stride": "i32", "w_ptr": "*fp8e4nv",
     "w_stride_e": "i32", "w_stride_n": "i32", "s_ptr": "*fp32", "s_stride_e": "i32", "s_stride_n": "i32",
-    "act_ptr": "*bf16", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32", "num_row_blocks": "i32",
+    "act_ptr": "*bf16", "ws_ptr": "*fp32", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32",
+    "num_row_blocks": "i32", "b_ptr": "*bf16", "b_stride_e": "i32",
     **{name: "constexpr" for name in ("TOP_K", "H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT",
-                                       "SHIFT", "C")},
+                                       "SHIFT", "C", "SPLIT_K", "K_SPLIT", "MMA_ROWS")},
 }
 MOE_DOWN_SIG = {
     "a_ptr": "*fp8e4nv", "a_stride": "i32", "as_ptr": "*fp32", "as_stride": "i32", "w_ptr": "*fp8e4nv",
     "w_stride_e": "i32", "w_stride_n": "i32", "s_ptr": "*fp32", "s_stride_e": "i32", "s_stride_n": "i32",
     "out_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32",
-    "num_row_blocks": "i32",
+    "num_row_blocks": "i32", "b_ptr": "*bf16", "b_stride_e": "i32",
     **{name: "constexpr" for name in ("H", "I", "FORMAT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EXACT", "SHIFT",
-                                       "C")},
+                                       "C", "SPLIT_K", "K_SPLIT", "MMA_ROWS")},
 }
 
 
@@ -128,8 +131,11 @@ def moe_cases():
                 sig = sig if fmt == 0 else _mxfp4_signature(sig)
                 block_k = 128 if fmt == 0 else tile.block_k
                 c = 1 if fmt == 0 else chunk_groups(2048 if extra else 768, block_k)
+                k = 2048 if extra else 768
                 constexprs = dict(H=2048, I=768, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n,
-                                  BLOCK_K=block_k, GROUP_M=cfg.group_m, EXACT=False, SHIFT=32, C=c, **extra)
+                                  BLOCK_K=block_k, GROUP_M=cfg.group_m, EXACT=False, SHIFT=32, C=c, SPLIT_K=1,
+                                  K_SPLIT=triton.cdiv(k, block_k) * block_k,
+                                  MMA_ROWS=fmt == 1 and loads_in_mma_rows(tile), **extra)
                 divisible = [name for name in sig if name.endswith("_ptr") or "stride" in name]
                 yield f"moe_{'up' if extra else 'down'}_{fmt_name}_{shape_class}", (
                     lambda k=kernel, s=sig, c=constexprs, d=divisible, t=tile: compile_sm90(k, s, c, d, t.num_warps,
