@@ -18,7 +18,10 @@ from atom_kernels.ops.fp8_gemm import BLOCKWISE_CONFIGS as FP8_BLOCK_CONFIGS
 from atom_kernels.ops.fp8_gemm import CONFIGS as FP8_CONFIGS
 from atom_kernels.ops.fp8_gemm import _fp8_gemm_kernel
 from atom_kernels.ops.fused_moe.triton_quant import (
-    QUANT_CONFIGS, _moe_down_quant_kernel, _moe_up_quant_kernel, loads_in_mma_rows,
+    QUANT_CONFIGS,
+    _moe_down_quant_kernel,
+    _moe_up_quant_kernel,
+    loads_in_mma_rows,
 )
 from atom_kernels.ops.mxfp4_mm.decode import chunk_groups
 from atom_kernels.ops.mxfp4_mm.planner import DEFAULT as SMALL_M_DEFAULT

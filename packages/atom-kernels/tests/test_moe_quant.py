@@ -1,6 +1,8 @@
 """Quantized experts through ``fused_moe``: FP8 128x128 blocks (activations per token per 128 columns)
 and MXFP4 (weight-only), Triton against the reference, and the reference against the formula."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,6 +10,7 @@ from conftest import INTERPRET
 from helpers import assert_close, assert_graph_capturable, randn
 
 from atom_kernels import ExpertQuant, dispatch, formats, fused_moe
+from atom_kernels.compile_keys import recording, size_specializations
 from atom_kernels.ops.fused_moe import GemmTile, MoeKernelConfig
 
 CUDA = torch.cuda.is_available()
@@ -100,6 +103,21 @@ def test_quantized_fused_moe_split_k(device, rng, fmt, tokens, top_k, with_map):
     assert_close(out.cpu(), ref, tol=(TOL if device.type == "cpu" else GPU_TOL)[(fmt, dtype)])
     whole = fused_moe.call_backend("triton", xd, q13d, q2d, wd, idd, quant=quant_to(device, quant), **dev)
     assert_close(out.cpu(), whole.cpu(), tol=(TOL if device.type == "cpu" else GPU_TOL)[(fmt, dtype)])
+
+
+@pytest.mark.skipif(not INTERPRET, reason="records the launches Triton's interpreter runs (CPU)")
+@pytest.mark.parametrize("fmt", ["bf16", "fp8-block", "mxfp4"])
+def test_step_sizes_compile_no_new_kernel_variants(rng, fmt):
+    """1 to 17 tokens (pair counts 2-34: 1, multiples of 16 and others), split-K or not: the expert kernels' size
+    arguments are not specialized, so a new step size never compiles a kernel again (``compile_keys``)."""
+    x, w13, w2, weights, ids = make_case(rng, 17, 8, 2, 256, 128, torch.float32)
+    q13, q2, quant = (w13, w2, None) if fmt == "bf16" else quantize_experts(w13, w2, fmt)
+    configs = [None] if fmt == "bf16" else [None, SPLIT[fmt]]
+    with recording() as keys:
+        for tokens, config in itertools.product((1, 2, 3, 8, 9, 17), configs):
+            fused_moe.call_backend("triton", x[:tokens], q13, q2, weights[:tokens], ids[:tokens], quant=quant,
+                                   config=config)
+    assert len(keys) >= 4 and size_specializations(keys) == {}, (sorted(keys), size_specializations(keys))
 
 
 @pytest.mark.parametrize("fmt", ["fp8-block", "mxfp4"])

@@ -16,6 +16,13 @@ def max_chunks(num_tokens: int, num_seqs: int, block: int) -> int:
     return triton.cdiv(num_tokens, block) + num_seqs
 
 
+def padded_tokens(num_tokens: int) -> int:
+    """The row length of a per-head ``[heads, tokens]`` buffer: tokens rounded up to a multiple of 16, so the row
+    stride a kernel receives is specialized the same way at every token count (no new compile per step) and rows
+    stay 64-byte aligned."""
+    return max(16, -(-num_tokens // 16) * 16)
+
+
 def chunk_map(cu_seqlens: torch.Tensor, num_tokens: int, block: int):
     """``(chunk_seq, chunk_start, chunk_offsets)`` for chunks of ``block`` tokens.
 

@@ -340,7 +340,7 @@ def _intra(q, k, v, a, b, A_log, dt_bias, cu_seqlens, chunk_seq, chunk_start, G,
     if mode == "fused":
         beta, Ainv = G, w  # unused: the kernel keeps β and A in registers
     else:
-        beta = torch.empty(HV, T, dtype=torch.float32, device=v.device)
+        beta = torch.empty(G.shape, dtype=torch.float32, device=v.device)  # G's padded rows (sg_h)
         Ainv = torch.empty(T, HV, BT, dtype=work, device=v.device)
     merge_prec, double_prec = _inverse_precisions(work, cfg)
     _intra_kernel[(NT, HV)](

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from atom_kernels.gdn import K_MAJOR, check_gdn_shapes, default_scale, state_strides
 from atom_kernels.ops._triton_common import chunk_span, dot_dtype, dot_precision, use_while
-from atom_kernels.ops._varlen import chunk_map
+from atom_kernels.ops._varlen import chunk_map, padded_tokens
 from atom_kernels.ops.chunk_gated_delta_rule.intra import BT, _intra
 
 MAX_HEAD_DIM = 256
@@ -157,7 +157,7 @@ def _state_kernel(
 
 
 # --------------------------------------------------------------------------------------- kernel 3
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens"])  # step sizes: one compile for every step
 def _out_kernel(
     q_ptr, k_ptr, g_ptr, vn_ptr, hbuf_ptr, o_ptr, cu_ptr, chunk_seq_ptr, chunk_start_ptr, offsets_ptr,
     num_seqs, num_tokens,
@@ -227,7 +227,7 @@ def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, ssm_state, cu_seqlens,
     work = v.dtype if v.dtype != torch.float32 else torch.float32  # dtype of the intermediates
     chunk_seq, chunk_start, chunk_offsets = chunk_map(cu_seqlens, T, BT)
     NT = chunk_seq.numel()
-    G = torch.empty(HV, T, dtype=torch.float32, device=dev)
+    G = torch.empty(HV, padded_tokens(T), dtype=torch.float32, device=dev)
     w = torch.empty(T, HV, K, dtype=work, device=dev)
     u = torch.empty(T, HV, V, dtype=work, device=dev)
     v_new = torch.empty(T, HV, V, dtype=work, device=dev)

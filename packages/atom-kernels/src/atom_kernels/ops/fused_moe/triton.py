@@ -72,7 +72,7 @@ def load_bias(b_ptr, expert, b_stride_e, cols, col_ok, HAS_BIAS: tl.constexpr):
     return tl.zeros(cols.shape, dtype=tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_row_blocks"])
 def _moe_up_kernel(
     x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, act_ptr, sorted_ptr, block_experts_ptr,
     num_pairs, num_row_blocks, b_ptr, b_stride_e, limit,
@@ -127,7 +127,7 @@ def _moe_up_kernel(
     tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_row_blocks"])
 def _moe_down_kernel(
     act_ptr, w_ptr, w_stride_e, w_stride_n, out_ptr, weights_ptr, sorted_ptr, block_experts_ptr,
     num_pairs, num_row_blocks, b_ptr, b_stride_e,

@@ -28,7 +28,15 @@ from atom_kernels.ops.fused_moe.configs import GemmTile, MoeKernelConfig, shape_
 from atom_kernels.ops.fused_moe.triton import _moe_sum_kernel, expert_activation, load_bias
 from atom_kernels.ops.moe_align.triton import moe_align_block_size
 from atom_kernels.ops.mxfp4_mm.triton_small_m import (
-    _SHIFT, activation_k, chunk_groups, from_mma_rows, from_mma_rows_t, logical_tile, mma_rows, run_scales, word_runs,
+    _SHIFT,
+    activation_k,
+    chunk_groups,
+    from_mma_rows,
+    from_mma_rows_t,
+    logical_tile,
+    mma_rows,
+    run_scales,
+    word_runs,
 )
 
 FP8_BLOCK, MXFP4 = 0, 1
@@ -99,8 +107,8 @@ def _load_weight_tile(w_ptr, s_ptr, expert, first_row, row_end, k0, scale_rows,
         ks = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + expert * w_stride_e + rows.to(tl.int64)[:, None] * w_stride_n + ks[None, :],
                     mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
-        scale = tl.load(s_ptr + expert * s_stride_e + scale_rows * s_stride_n + k0 // 128, mask=row_ok & (k0 < K),
-                        other=0.0)
+        scale = tl.load(s_ptr + expert * s_stride_e + scale_rows * s_stride_n + k0 // 128,
+                        mask=row_ok & (rows * 0 + k0 < K), other=0.0)  # (tensor comparisons: Triton 3.9's interpreter)
         return w, scale
     else:
         NB: tl.constexpr = BLOCK_K // (32 * C)
@@ -149,7 +157,7 @@ def _mma(w, x, acc, FORMAT: tl.constexpr, EXACT: tl.constexpr):
     return tl.dot(w, x, acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_row_blocks"])
 def _moe_up_quant_kernel(
     x_ptr, x_stride, xs_ptr, xs_stride, w_ptr, w_stride_e, w_stride_n, s_ptr, s_stride_e, s_stride_n,
     act_ptr, ws_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks, b_ptr, b_stride_e,
@@ -181,7 +189,8 @@ def _moe_up_quant_kernel(
                                    w_stride_e, w_stride_n, s_stride_e, s_stride_n, H, FORMAT, BLOCK_N, BLOCK_K,
                                    EXACT, SHIFT, C, MMA_ROWS)
         if FORMAT == 0:
-            sx = tl.load(xs_ptr + tokens.to(tl.int64) * xs_stride + k0 // 128, mask=row_ok & (k0 < H), other=0.0)
+            sx = tl.load(xs_ptr + tokens.to(tl.int64) * xs_stride + k0 // 128, mask=row_ok & (tokens * 0 + k0 < H),
+                         other=0.0)
             gate += tl.dot(wg, x) * (sg[:, None] * sx[None, :])
             up += tl.dot(wu, x) * (su[:, None] * sx[None, :])
         else:
@@ -203,7 +212,7 @@ def _moe_up_quant_kernel(
     tl.store(act_ptr + pairs.to(tl.int64)[None, :] * I + cols[:, None], act.to(act_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_row_blocks"])
 def _moe_down_quant_kernel(
     a_ptr, a_stride, as_ptr, as_stride, w_ptr, w_stride_e, w_stride_n, s_ptr, s_stride_e, s_stride_n,
     out_ptr, weights_ptr, sorted_ptr, block_experts_ptr, num_pairs, num_row_blocks, b_ptr, b_stride_e,
@@ -229,7 +238,8 @@ def _moe_down_quant_kernel(
         w, sw = _load_weight_tile(w_ptr, s_ptr, expert, tile * BLOCK_N, H, k0, cols // 128, w_stride_e, w_stride_n,
                                   s_stride_e, s_stride_n, I, FORMAT, BLOCK_N, BLOCK_K, EXACT, SHIFT, C, MMA_ROWS)
         if FORMAT == 0:
-            sa = tl.load(as_ptr + pairs.to(tl.int64) * as_stride + k0 // 128, mask=row_ok & (k0 < I), other=0.0)
+            sa = tl.load(as_ptr + pairs.to(tl.int64) * as_stride + k0 // 128, mask=row_ok & (pairs * 0 + k0 < I),
+                         other=0.0)
             acc += tl.dot(w, a) * (sw[:, None] * sa[None, :])
         else:
             acc = _mma(w, a, acc, FORMAT, EXACT)
@@ -256,7 +266,7 @@ def _local_expert(ids_ptr, map_ptr, pair, HAS_MAP: tl.constexpr):
     return expert.to(tl.int64)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _moe_up_finish_kernel(
     ws_ptr, act_ptr, ids_ptr, map_ptr, b_ptr, b_stride_e, num_pairs,
     I: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_MAP: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -279,7 +289,7 @@ def _moe_up_finish_kernel(
     tl.store(act_ptr + pair * I + cols, act.to(act_ptr.dtype.element_ty), mask=col_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _moe_split_sum_kernel(
     ws_ptr, weights_ptr, ids_ptr, map_ptr, b_ptr, b_stride_e, out_ptr, out_stride, num_pairs,
     TOP_K: tl.constexpr, H: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_H: tl.constexpr, HAS_MAP: tl.constexpr,
@@ -293,7 +303,7 @@ def _moe_split_sum_kernel(
     for j in tl.static_range(TOP_K):
         pair = token * TOP_K + j
         expert = _local_expert(ids_ptr, map_ptr, pair, HAS_MAP)
-        take = col_ok & (expert >= 0)
+        take = col_ok & (cols * 0 + expert >= 0)
         y = load_bias(b_ptr, tl.maximum(expert, 0), b_stride_e, cols, take, HAS_BIAS)
         for split in tl.static_range(SPLIT_K):
             y += tl.load(ws_ptr + (split * num_pairs + pair) * H + cols, mask=take, other=0.0)

@@ -27,7 +27,7 @@ def unsupported(q, weights, k_cache, block_table, token_seq, token_pos, scale) -
     return None
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sbt_b"])  # the block table's width follows the longest context
 def _scores_kernel(
     q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr,
     sq_t, sq_h, sw_t, sw_h, sk_blk, sk_tok, sbt_b, so_t,

@@ -62,7 +62,7 @@ def _step(n0, m, l, acc, q_lat, q_pe, cache_ptr, bt_row_ptr, end, cols_l, cols_r
     return latent_fold(m, l, acc, q_lat, q_pe, row, ok, cols_l, cols_r, l_ok, r_ok, scale_log2, L, DOT, PREC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sbt_b"])
 def _split_kernel(
     q_ptr, cache_ptr, bt_ptr, lens_ptr, o_ptr, lse_ptr,
     sq_b, sq_h, sc_blk, sc_tok, sbt_b, so_b, so_h, so_s, slse_b, slse_h,

@@ -175,7 +175,7 @@ def _write_layout(sorted_ptr, block_experts_ptr, tile, counts, start, end, total
     tl.store(sorted_ptr + rows, tl.zeros([ROWS // BLOCK_M, BLOCK_M], dtype=tl.int32) + num_pairs, mask=pad)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _align_single_chunk_kernel(
     topk_ids_ptr, map_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr,
     num_pairs, num_experts, num_blocks,
@@ -203,7 +203,7 @@ def _align_single_chunk_kernel(
             before += tl.sum(onehot, axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _align_count_kernel(
     topk_ids_ptr, map_ptr, local_ptr, rank_ptr, counts_ptr, num_pairs, num_experts,
     HAS_MAP: tl.constexpr, PAIR_TILE: tl.constexpr, CHUNK_TILES: tl.constexpr, EXPERTS_P2: tl.constexpr,
@@ -222,7 +222,7 @@ def _align_count_kernel(
     tl.store(counts_ptr + chunk * EXPERTS_P2 + tl.arange(0, EXPERTS_P2), counts)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def _align_prefix_kernel(
     counts_ptr, totals_ptr, num_chunks,
     CHUNK_STEP: tl.constexpr, STEPS: tl.constexpr, EXPERT_BLOCK: tl.constexpr, EXPERTS_P2: tl.constexpr,
@@ -243,7 +243,7 @@ def _align_prefix_kernel(
     tl.store(totals_ptr + experts, above)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks", "num_tiles"])
 def _align_place_kernel(
     local_ptr, rank_ptr, counts_ptr, totals_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr,
     num_pairs, num_blocks, num_tiles,

@@ -156,7 +156,7 @@ def _chunk_heads(x_ptr, w_ptr, token, token_stride, head_stride, num_heads, head
     tl.store(base + off_b[None, :, :], out_b.to(x_ptr.dtype.element_ty), mask=mask_b)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["pos_row_stride"])  # positions [3, T]: the row stride is T
 def _mrope_chunks_kernel(pos_ptr, pos_row_stride, pos_token_stride, cache_ptr, rotary_dim, half, sec_t, sec_h, sec_w,
                          q_ptr, q_w_ptr, q_token_stride, q_head_stride, q_heads, q_blocks,
                          k_ptr, k_w_ptr, k_token_stride, k_head_stride, k_heads,

@@ -104,7 +104,7 @@ def _step(n0, m, l, acc, q, k_ptr, v_ptr, bt_row_ptr, end, q_pos, cols, d_ok, sk
     return m_new, l, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sbt_b"])
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, qsl_ptr, sinks_ptr, ks_ptr, vs_ptr, o_ptr, lse_ptr,
     sq_t, sq_h, sk_blk, sk_tok, sk_h, sv_blk, sv_tok, sv_h, sbt_b, so_t, so_h, so_s, slse_t, slse_h,
