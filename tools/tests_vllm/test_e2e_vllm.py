@@ -13,12 +13,13 @@ from atom_tools.e2e.vllm import compare_agreement, kernel_table, main, reference
 
 
 def test_summarize_states_median_and_spread():
-    runs = [{"batch": 4, "repeat": r, "ttft_s": 0.1, "total_s": t} for r, t in enumerate((1.0, 2.0, 4.0))]
-    runs.append({"batch": 8, "repeat": 0, "ttft_s": 9.0, "total_s": 9.0})
+    runs = [{"batch": 4, "repeat": r, "ttft_s": 0.1, "total_s": t, "triton_compiles": 3 - r} for r, t in enumerate((1.0, 2.0, 4.0))]
+    runs.append({"batch": 8, "repeat": 0, "ttft_s": 9.0, "total_s": 9.0, "triton_compiles": 0})
     row = summarize(runs, 4, output_len=11)
     assert row["output_tok_per_s"] == {"median": 22.0, "min": 11.0, "max": 44.0, "samples": [44.0, 22.0, 11.0]}
     assert row["tpot_ms"]["median"] == round((2.0 - 0.1) / 10 * 1e3, 2)
     assert row["ttft_ms"] == {"median": 100.0, "min": 100.0, "max": 100.0, "samples": [100.0] * 3}
+    assert row["triton_compiles"] == [3, 2, 1]  # per repeat, in run order
 
 
 def test_agreement_counts_divergence_and_compares_logprobs_only_on_shared_tokens():
@@ -81,6 +82,9 @@ class FakeEngine:
         self.impl, self.ready = impl, {"module": f"{impl}.models", "startup_s": 1.0}
         FakeEngine.jobs.append((impl, job["attention_backend"]))
         self.drafting = job.get("speculative_config")
+
+    def triton_compiles(self):
+        return 0
 
     def request(self, op, **kw):
         if op == "agreement":

@@ -181,6 +181,12 @@ class EngineProcess:
         job_file.write_text(json.dumps(job))
         read_fd, write_fd = os.pipe()
         env = {**os.environ, **ENGINE_ENV, **IMPLS[engine_impl(impl)]}
+        # a fresh Triton cache per engine: every kernel Triton compiles adds one entry, so the entries added during
+        # a timed run are the compiles that run paid for (a step size or batch composition seen for the first time)
+        self.triton_cache = workdir / f"{impl}-triton-cache"
+        shutil.rmtree(self.triton_cache, ignore_errors=True)
+        self.triton_cache.mkdir(parents=True)
+        env["TRITON_CACHE_DIR"] = str(self.triton_cache)
         # run as atom_tools.e2e.vllm rather than __main__, so model_module pickles by an importable name
         code = "import sys; from atom_tools.e2e.vllm import main; sys.exit(main(sys.argv[1:]))"
         self.impl = impl
@@ -196,6 +202,10 @@ class EngineProcess:
             code = self.process.wait()
             raise RuntimeError(f"the {self.impl} engine exited with code {code} (its log is above)")
         return json.loads(line)
+
+    def triton_compiles(self) -> int:
+        """Kernels Triton has compiled in this engine so far (entries of its cache)."""
+        return sum(1 for entry in self.triton_cache.iterdir() if entry.is_dir())
 
     def request(self, op: str, **kw):
         self.process.stdin.write(json.dumps({"op": op, **kw}) + "\n")
@@ -295,7 +305,8 @@ def summarize(runs: list[dict], batch: int, output_len: int) -> dict:
     tput = [batch * output_len / r["total_s"] for r in mine]
     tpot = [(r["total_s"] - r["ttft_s"]) / (output_len - 1) * 1e3 for r in mine]
     ttft = [r["ttft_s"] * 1e3 for r in mine]
-    return {"output_tok_per_s": spread(tput), "tpot_ms": spread(tpot), "ttft_ms": spread(ttft)}
+    return {"output_tok_per_s": spread(tput), "tpot_ms": spread(tpot), "ttft_ms": spread(ttft),
+            "triton_compiles": [r["triton_compiles"] for r in mine]}
 
 
 def timed_runs(engines: list[EngineProcess], batches: list[int], args: argparse.Namespace) -> dict[str, list[dict]]:
@@ -310,9 +321,11 @@ def timed_runs(engines: list[EngineProcess], batches: list[int], args: argparse.
         for rep in range(args.repeats):
             for engine in engines if rep % 2 == 0 else engines[::-1]:
                 seed = 100 * batch + 2 * rep  # fresh prompts every run, so the prefix cache never hits
+                compiled = engine.triton_compiles()
                 ttft = engine.request("timed", batch=batch, prompt_len=plen, max_tokens=1, seed=seed)
                 total = engine.request("timed", batch=batch, prompt_len=plen, max_tokens=olen, seed=seed + 1)
-                runs[engine.impl].append({"batch": batch, "repeat": rep, "ttft_s": ttft, "total_s": total})
+                runs[engine.impl].append({"batch": batch, "repeat": rep, "ttft_s": ttft, "total_s": total,
+                                          "triton_compiles": engine.triton_compiles() - compiled})
     return runs
 
 
@@ -445,14 +458,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(report: dict) -> None:
     print(f"{report['gpu']}, vLLM {report['vllm']}, {report['date']}")
-    print(f"{'model':28} {'batch':>5} {'engine':>18} {'tok/s (min-max)':>24} {'TPOT ms':>8} {'TTFT ms':>9} {'startup':>8}")
+    print(f"{'model':28} {'batch':>5} {'engine':>18} {'tok/s (min-max)':>24} {'TPOT ms':>8} {'TTFT ms':>9} {'startup':>8}"
+          f" {'compiles':>9}")
     for entry in report["models"]:
         label = f"{entry['model']} {entry.get('format', 'bf16')}"
         for impl, result in entry["impls"].items():
             for batch, row in result["batches"].items():
                 t = row["output_tok_per_s"]
                 print(f"{label:28} {batch:>5} {impl:>18} {t['median']:>10.0f} ({t['min']:.0f}-{t['max']:.0f})"
-                      f"{row['tpot_ms']['median']:>8.2f} {row['ttft_ms']['median']:>9.1f} {result['startup_s']:>8.1f}")
+                      f"{row['tpot_ms']['median']:>8.2f} {row['ttft_ms']['median']:>9.1f} {result['startup_s']:>8.1f}"
+                      f" {'/'.join(map(str, row.get('triton_compiles', []))):>9}")
             if "kernels" in result:
                 k = result["kernels"]
                 print(f"{label}: {impl} profiled run {k['wall_us'] / 1e3:.1f} ms wall, GPU busy {k['busy_us'] / 1e3:.1f} ms "
