@@ -18,10 +18,11 @@ from atom_kernels.ops.fp8_gemm import BLOCKWISE_CONFIGS as FP8_BLOCK_CONFIGS
 from atom_kernels.ops.fp8_gemm import CONFIGS as FP8_CONFIGS
 from atom_kernels.ops.fp8_gemm import _fp8_gemm_kernel
 from atom_kernels.ops.fused_moe.triton_quant import (
-    QUANT_CONFIGS,
     _moe_down_quant_kernel,
     _moe_up_quant_kernel,
+    k_split,
     loads_in_mma_rows,
+    quant_config_for,
 )
 from atom_kernels.ops.mxfp4_mm.decode import chunk_groups
 from atom_kernels.ops.mxfp4_mm.planner import DEFAULT as SMALL_M_DEFAULT
@@ -127,18 +128,18 @@ def _mxfp4_signature(sig: dict) -> dict:
 def moe_cases():
     """Qwen3-30B-A3B's expert shapes (H 2048, I 768) with the decode and large tiles, both formats."""
     for shape_class in ("decode", "large"):
-        cfg = QUANT_CONFIGS[shape_class]
         for fmt, fmt_name in ((0, "fp8"), (1, "mxfp4")):
+            cfg = quant_config_for(1 if shape_class == "decode" else 1 << 20, 128, fmt)
             for kernel, sig, tile, extra in ((_moe_up_quant_kernel, MOE_UP_SIG, cfg.up, {"TOP_K": 8}),
                                              (_moe_down_quant_kernel, MOE_DOWN_SIG, cfg.down, {})):
                 sig = sig if fmt == 0 else _mxfp4_signature(sig)
                 block_k = 128 if fmt == 0 else tile.block_k
-                c = 1 if fmt == 0 else chunk_groups(2048 if extra else 768, block_k)
                 k = 2048 if extra else 768
+                c = 1 if fmt == 0 else chunk_groups(k, block_k)
+                splits, per_split = k_split(k, tile, block_k)
                 constexprs = dict(H=2048, I=768, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n,
-                                  BLOCK_K=block_k, GROUP_M=cfg.group_m, EXACT=False, SHIFT=32, C=c, SPLIT_K=1,
-                                  K_SPLIT=triton.cdiv(k, block_k) * block_k,
-                                  MMA_ROWS=fmt == 1 and loads_in_mma_rows(tile), **extra)
+                                  BLOCK_K=block_k, GROUP_M=cfg.group_m, EXACT=False, SHIFT=32, C=c, SPLIT_K=splits,
+                                  K_SPLIT=per_split, MMA_ROWS=fmt == 1 and loads_in_mma_rows(tile), **extra)
                 divisible = [name for name in sig if name.endswith("_ptr") or "stride" in name]
                 yield f"moe_{'up' if extra else 'down'}_{fmt_name}_{shape_class}", (
                     lambda k=kernel, s=sig, c=constexprs, d=divisible, t=tile: compile_sm90(k, s, c, d, t.num_warps,

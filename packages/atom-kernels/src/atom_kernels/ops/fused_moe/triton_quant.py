@@ -50,17 +50,22 @@ QUANT_CONFIGS: dict[str, MoeKernelConfig] = {
     "medium": MoeKernelConfig(32, GemmTile(64, 128, 4, 3), GemmTile(128, 128, 4, 3), group_m=8),
     "large": MoeKernelConfig(64, GemmTile(128, 128, 8, 3), GemmTile(128, 128, 8, 3), group_m=8),
 }
+# MXFP4 experts at up to 8 tokens per expert: 64-wide K steps, K split in two (gpt-oss-20b's experts on an H100,
+# 2026-12-07, 1 / 4 / 16 / 64 tokens: 97 / 244 / 443 / 503 us against 162 / 415 / 760 / 851 with the 128-wide steps
+# above; bench/results/2026-12-07T0400-h100).
+MXFP4_CONFIGS: dict[str, MoeKernelConfig] = {
+    name: MoeKernelConfig(16, GemmTile(64, 64, 4, 4, split_k=2), GemmTile(64, 64, 4, 4, split_k=2), group_m=1)
+    for name in ("decode", "small")
+}
 
-
-# Decode-shape alternatives the bench times (merged over QUANT_CONFIGS["decode"]): longer K steps, and K split over
-# 2-8 programs (a few experts' column tiles alone leave most SMs one program with a long, latency-bound K loop).
+# Decode-shape alternatives the bench times beside the default (the neighbourhood of the MXFP4 default: K split 1 /
+# 4 / 8, 3 or 6 stages, and the former 128-wide K step).
 QUANT_SWEEP: tuple[MoeKernelConfig, ...] = (
-    MoeKernelConfig(16, GemmTile(64, 256, 4, 3), GemmTile(64, 256, 4, 3), group_m=1),
-    MoeKernelConfig(16, GemmTile(64, 128, 4, 3, split_k=2), GemmTile(64, 128, 4, 3, split_k=2), group_m=1),
-    MoeKernelConfig(16, GemmTile(64, 128, 4, 3, split_k=4), GemmTile(64, 128, 4, 3, split_k=4), group_m=1),
-    MoeKernelConfig(16, GemmTile(64, 128, 4, 3, split_k=8), GemmTile(64, 128, 4, 3, split_k=8), group_m=1),
-    MoeKernelConfig(16, GemmTile(64, 64, 4, 4, split_k=4), GemmTile(64, 64, 4, 4, split_k=4), group_m=1),
-    MoeKernelConfig(16, GemmTile(32, 128, 2, 3, split_k=4), GemmTile(32, 128, 2, 3, split_k=4), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 128, 4, 4), GemmTile(64, 128, 4, 4), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 64, 4, 4), GemmTile(64, 64, 4, 4), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 64, 4, 3, split_k=4), GemmTile(64, 64, 4, 3, split_k=4), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 64, 4, 4, split_k=8), GemmTile(64, 64, 4, 4, split_k=8), group_m=1),
+    MoeKernelConfig(16, GemmTile(64, 64, 4, 6, split_k=2), GemmTile(64, 64, 4, 6, split_k=2), group_m=1),
 )
 
 
@@ -311,8 +316,9 @@ def _moe_split_sum_kernel(
     tl.store(out_ptr + token * out_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
-def quant_config_for(num_pairs: int, num_experts: int) -> MoeKernelConfig:
-    return QUANT_CONFIGS[shape_class(num_pairs, num_experts)]
+def quant_config_for(num_pairs: int, num_experts: int, fmt: int = FP8_BLOCK) -> MoeKernelConfig:
+    name = shape_class(num_pairs, num_experts)
+    return MXFP4_CONFIGS.get(name, QUANT_CONFIGS[name]) if fmt == MXFP4 else QUANT_CONFIGS[name]
 
 
 def loads_in_mma_rows(tile: GemmTile) -> bool:
@@ -341,7 +347,7 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
     out = (torch.zeros if has_map and top_k == 1 else torch.empty)(hidden.shape, dtype=hidden.dtype, device=hidden.device)
     if num_pairs == 0:
         return out
-    cfg = config or quant_config_for(num_pairs, experts)
+    cfg = config or quant_config_for(num_pairs, experts, fmt)
     exact = triton_interpreting()
     if hidden.stride(-1) != 1:
         hidden = hidden.contiguous()
