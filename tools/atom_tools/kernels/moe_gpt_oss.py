@@ -28,13 +28,19 @@ ROUTINGS = 4
 KW = {"activation": "swigluoai"}
 
 
+def _quantized(weights: torch.Tensor, experts_at_once: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 codes and scales of stacked expert weights, a few experts at a time (quantizing gpt-oss-120b's 128
+    experts at once needs ~16 GB of temporaries: more than an H100 has beside them)."""
+    parts = [formats.quantize_mxfp4(weights[e:e + experts_at_once]) for e in range(0, weights.shape[0], experts_at_once)]
+    return torch.cat([codes for codes, _ in parts]), torch.cat([scales for _, scales in parts])
+
+
 def _experts(experts: int, hidden: int, inter: int, device: str) -> dict:
     """name -> (w13, w2, quant, weight bytes per expert), with biases, for bf16 and MXFP4 experts."""
     bf16 = torch.bfloat16
     w13 = torch.randn(experts, 2 * inter, hidden, device=device, dtype=bf16) * hidden**-0.5
     w2 = torch.randn(experts, hidden, inter, device=device, dtype=bf16) * inter**-0.5
-    p13, e13 = formats.quantize_mxfp4(w13)
-    p2, e2 = formats.quantize_mxfp4(w2)
+    (p13, e13), (p2, e2) = _quantized(w13), _quantized(w2)
     mx_bytes = 3 * hidden * inter // 2 + 3 * hidden * inter // 32
     return {"bf16": (w13, w2, None, 3 * hidden * inter * 2), "mxfp4": (p13, p2, ExpertQuant("mxfp4", e13, e2), mx_bytes)}
 
