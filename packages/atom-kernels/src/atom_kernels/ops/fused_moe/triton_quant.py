@@ -380,8 +380,8 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
         act, ws13, sorted_ids, block_experts, num_pairs, num_row_blocks, b13, b13.stride(0),
         TOP_K=top_k, H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=up.block_n, BLOCK_K=k_up,
         GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_up, SPLIT_K=splits_up, K_SPLIT=k_split_up,
-        MMA_ROWS=loads_in_mma_rows(up), HAS_BIAS=w13_bias is not None, SWIGLU=activation == "swigluoai", num_warps=up.num_warps,
-        num_stages=up.num_stages,
+        MMA_ROWS=fmt == MXFP4 and loads_in_mma_rows(up), HAS_BIAS=w13_bias is not None,
+        SWIGLU=activation == "swigluoai", num_warps=up.num_warps, num_stages=up.num_stages,
     )
     if splits_up > 1:
         block = min(1024, triton.next_power_of_2(inter))
@@ -403,17 +403,17 @@ def fused_moe_quant(hidden, w13, w2, topk_weights, topk_ids, *, expert_map=None,
         pair_out, weights, sorted_ids, block_experts, num_pairs, num_row_blocks, b2, b2.stride(0),
         H=size, I=inter, FORMAT=fmt, BLOCK_M=cfg.block_m, BLOCK_N=down.block_n, BLOCK_K=k_down,
         GROUP_M=cfg.group_m, EXACT=exact, SHIFT=_SHIFT, C=c_down, SPLIT_K=splits_down, K_SPLIT=k_split_down,
-        MMA_ROWS=loads_in_mma_rows(down), HAS_BIAS=w2_bias is not None, num_warps=down.num_warps, num_stages=down.num_stages,
+        MMA_ROWS=fmt == MXFP4 and loads_in_mma_rows(down), HAS_BIAS=w2_bias is not None, num_warps=down.num_warps,
+        num_stages=down.num_stages,
     )
+    block_h = min(1024, triton.next_power_of_2(size))  # the per-token sums below
     if splits_down > 1:
-        block_h = min(1024, triton.next_power_of_2(size))
         _moe_split_sum_kernel[(tokens, triton.cdiv(size, block_h))](
             pair_out, weights, ids, emap, b2, b2.stride(0), out, out.stride(0), num_pairs,
             TOP_K=top_k, H=size, SPLIT_K=splits_down, BLOCK_H=block_h, HAS_MAP=has_map,
             HAS_BIAS=w2_bias is not None, num_warps=4,
         )
     elif top_k > 1:
-        block_h = min(1024, triton.next_power_of_2(size))
         _moe_sum_kernel[(tokens, triton.cdiv(size, block_h))](
             pair_out, ids, emap, out, out.stride(0),
             TOP_K=top_k, H=size, BLOCK_H=block_h, HAS_MAP=has_map, num_warps=4,
