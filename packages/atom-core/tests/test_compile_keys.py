@@ -5,7 +5,7 @@ Triton compiles a kernel once per specialization key (its constexprs, and whethe
 token count -- would compile a new variant the first time each class appears, seconds in the middle of serving
 (likely the 1.6 s first-request TTFT of Qwen3-Next inside vLLM on an H100, 2026-12-06, that the next request did not
 have).  The native runner here serves prompt batches of 1, 16, 9 + 7 and 3 + 17 + 33 tokens (step token counts and
-sequence counts of every class) with Triton's interpreter recording what the GPU JIT would compile; constexpr
+sequence counts of every class; one prefill and one decode step each) with Triton's interpreter recording what the GPU JIT would compile; constexpr
 variants (tile configurations per shape class) are bounded by design and not counted."""
 
 from __future__ import annotations
@@ -31,6 +31,6 @@ def test_new_step_sizes_compile_nothing_new(tiny, monkeypatch, arch):
     runner = Runner(tiny(arch), dtype=torch.float32)
     with recording() as keys:
         for prompts in PROMPT_BATCHES:
-            runner.generate(prompts, SamplingParams(max_new_tokens=3, ignore_eos=True))
+            runner.generate(prompts, SamplingParams(max_new_tokens=2, ignore_eos=True))
     assert len(keys) >= 4, sorted(keys)  # the model's Triton kernels ran
     assert size_specializations(keys) == {}
