@@ -5,8 +5,9 @@ Triton compiles a kernel once per specialization key (its constexprs, and whethe
 token count -- would compile a new variant the first time each class appears, seconds in the middle of serving
 (likely the 1.6 s first-request TTFT of Qwen3-Next inside vLLM on an H100, 2026-12-06, that the next request did not
 have).  The native runner here serves prompt batches of 1, 16, 9 + 7 and 3 + 17 + 33 tokens (step token counts and
-sequence counts of every class; one prefill and one decode step each) with Triton's interpreter recording what the GPU JIT would compile; constexpr
-variants (tile configurations per shape class) are bounded by design and not counted."""
+sequence counts of every class; one prefill and one decode step each) with Triton's interpreter recording what the
+GPU JIT would compile; constexpr variants (tile configurations per shape class) are bounded by design and not
+counted."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ class StepHost:
         self.layout = layout
         self.step: LinearAttentionStep | None = None
 
-    def linear_attention_state(self, prefix, layer_id, conv_shape, ssm_shape, dtype):
+    def linear_attention_state(self, prefix, layer_id, conv_shape, ssm_shape, dtype, mix):
         assert (tuple(conv_shape), tuple(ssm_shape)) == gdn_state_shapes(CFG)
         host = self
 
@@ -41,6 +41,9 @@ class StepHost:
 
             def step(self):
                 return host.step
+
+            def run(self, *inputs):
+                return mix(*inputs, self.step())
 
         return State()
 

@@ -227,6 +227,29 @@ def test_traced_forms_equal_eager_calls(rng):
         torch.testing.assert_close(g, w)
 
 
+def test_rope_of_heads_interleaved_with_a_gate_compiles(rng):
+    """Qwen3-Next's q is a view whose heads alternate with their output gates (``[T, heads, 2, D][:, :, 0]``),
+    which the traced form rotates as a contiguous copy (in-place on the view, Inductor failed inside vLLM's compile:
+    atom-vllm's test_compiled_forward_matches_eager): compiled by Inductor with a symbolic token count, the returned
+    q and k are the eager values."""
+    weights = [torch.randn(HEAD, generator=rng) for _ in range(2)]
+
+    def attention_inputs(x, positions):
+        q_gate, k = x.split([HEADS * 2 * HEAD, KV_HEADS * HEAD], dim=-1)
+        q_gate = q_gate.view(x.shape[0], HEADS, 2, HEAD)
+        q, gate = q_gate[:, :, 0], q_gate[:, :, 1]
+        q, k = mrope(positions, q, k, _cache(HEAD // 2), HEAD, (HEAD // 4, 0, 0), False, q_weight=weights[0],
+                     k_weight=weights[1], eps=1e-6, weight_offset=1.0)
+        return q.reshape(x.shape[0], -1) * torch.sigmoid(gate.reshape(x.shape[0], -1)), k
+
+    compiled = torch.compile(attention_inputs, fullgraph=True, dynamic=True)
+    for tokens in (T, T + 4):
+        x = torch.randn(tokens, (2 * HEADS + KV_HEADS) * HEAD, generator=rng)
+        positions = torch.arange(tokens) + 2
+        for got, want in zip(compiled(x.clone(), positions), attention_inputs(x.clone(), positions)):
+            torch.testing.assert_close(got, want)
+
+
 def test_a_kernel_config_cannot_be_traced(rng):
     from atom_kernels import MoeKernelConfig
     from atom_kernels.ops.fused_moe.configs import CONFIGS

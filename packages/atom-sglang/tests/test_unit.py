@@ -191,7 +191,8 @@ def test_wrapper_class_needs_the_multimodal_hooks_of_the_atom_model():
 
 
 def state(layer_id, conv=(256, 3), ssm=(4, 32, 32)):
-    return SGLangLinearAttentionState(None, f"model.layers.{layer_id}.linear_attn", layer_id, conv, ssm, torch.float32)
+    return SGLangLinearAttentionState(None, f"model.layers.{layer_id}.linear_attn", layer_id, conv, ssm, torch.float32,
+                                      mix=None)
 
 
 def test_state_plan_must_match_sglangs_pool():

@@ -164,6 +164,35 @@ def test_hybrid_state_contract(constructed):
             assert layer["mamba_type"].endswith("GDN_ATTN") and layer["backend"] == "GDNAttentionBackend", name
 
 
+def test_linear_attention_op_splits_the_graph_where_attention_ops_do():
+    """Where vLLM splits its compiled graph at its attention ops (piecewise CUDA graphs), it splits at ATOM's GDN
+    state op too, so the op runs with each step's metadata outside the captured pieces; where it splits nowhere
+    (whole-graph capture, or no compile) nothing is added.  Idempotent: every layer asks."""
+    from types import SimpleNamespace
+
+    from atom_vllm.hybrid import LINEAR_ATTENTION_OP, split_graph_at_linear_attention
+
+    for given, want in ((["vllm::unified_attention_with_output"], ["vllm::unified_attention_with_output", LINEAR_ATTENTION_OP]),
+                        ([], []), (None, None)):
+        config = SimpleNamespace(compilation_config=SimpleNamespace(splitting_ops=given))
+        split_graph_at_linear_attention(config)
+        split_graph_at_linear_attention(config)
+        assert config.compilation_config.splitting_ops == want
+
+
+def test_hybrid_classes_compile_only_when_asked(monkeypatch):
+    """vLLM compiles ATOM's text-only classes; the hybrid ones only with ATOM_VLLM_COMPILE_HYBRID on (not yet
+    measured on a GPU), the multimodal ones never."""
+    from atom_vllm.compilation import COMPILE_HYBRID_ENV, compiles
+
+    hybrid, dense, multimodal = (catalog.get(a) for a in ("Qwen3NextForCausalLM", "Qwen3ForCausalLM",
+                                                          "Qwen3_5MoeForConditionalGeneration"))
+    monkeypatch.delenv(COMPILE_HYBRID_ENV, raising=False)
+    assert (compiles(hybrid), compiles(dense), compiles(multimodal)) == (False, True, False)
+    monkeypatch.setenv(COMPILE_HYBRID_ENV, "1")
+    assert (compiles(hybrid), compiles(dense), compiles(multimodal)) == (True, True, False)
+
+
 FP32_ATOL = 1e-4  # atom-core's fp32 parity bound (ATOM and transformers differ in summation order only)
 
 

@@ -320,17 +320,19 @@ def test_images_through_vllms_own_processor(arch, generate_models, probe, tmp_pa
             assert err <= LOGPROB_ATOL, f"{arch}, image prompt {p}: {name} log-probabilities off transformers' by {err:.2e}"
 
 
-# The architectures vLLM compiles (atom_vllm.compilation) that this CPU can run both ways: one dense, one MoE.
-COMPILED_ARCHS = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+# The architectures vLLM compiles (atom_vllm.compilation) that this CPU can run both ways: dense, MoE, and hybrid
+# (GDN; with ATOM_VLLM_COMPILE_HYBRID=1).
+COMPILED_ARCHS = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM")
 
 
 def test_compiled_forward_matches_eager(generate_models, probe):
-    """vLLM's default start-up (torch.compile of ATOM's class: its ops as torch.ops.atom custom ops, Inductor
-    for the rest) gives the tokens of the eager forward."""
+    """vLLM's default start-up (torch.compile of ATOM's class: its ops as torch.ops.atom custom ops, the GDN layers'
+    state part as one opaque op, Inductor for the rest) gives the tokens of the eager forward."""
     dirs = [generate_models[a] for a in COMPILED_ARCHS]
     options = {"prompts": PROMPTS, "max_tokens": str(MAX_TOKENS)}
     with ThreadPoolExecutor(2) as pool:
-        compiled_job = pool.submit(probe, "generate", dirs, env=ENGINE_ENV, compiled="yes", **options)
+        compiled_job = pool.submit(probe, "generate", dirs, env={**ENGINE_ENV, "ATOM_VLLM_COMPILE_HYBRID": "1"},
+                                   compiled="yes", **options)
         eager_job = pool.submit(probe, "generate", dirs, env=ENGINE_ENV, **options)
         compiled, eager = compiled_job.result(), eager_job.result()
     assert_served_by_atom(compiled)

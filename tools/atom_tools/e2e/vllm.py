@@ -70,8 +70,11 @@ ENGINE_ARGS: dict[str, dict] = {"qwen3-next-80b-a3b": _TRITON_GDN,
 # CUDA-graph capture, atom_vllm.sparse), so both implementations of DeepSeek-V3.2 / GLM-5 run eagerly
 ARCH_ENGINE_ARGS: dict[str, dict] = {"DeepseekV32ForCausalLM": {"enforce_eager": True},
                                      "GlmMoeDsaForCausalLM": {"enforce_eager": True}}
+# atom-compiled: ATOM's classes with vLLM's torch.compile of the hybrid ones too (atom_vllm.compilation's opt-in)
 IMPLS: dict[str, dict[str, str]] = {"vllm": {"ATOM_DISABLE_VLLM_PLUGIN": "1"},
-                                    "atom": {"ATOM_DISABLE_VLLM_PLUGIN": "0", "ATOM_TAKE_OVER": "all"}}
+                                    "atom": {"ATOM_DISABLE_VLLM_PLUGIN": "0", "ATOM_TAKE_OVER": "all"},
+                                    "atom-compiled": {"ATOM_DISABLE_VLLM_PLUGIN": "0", "ATOM_TAKE_OVER": "all",
+                                                      "ATOM_VLLM_COMPILE_HYBRID": "1"}}
 # every engine: llm.apply_model ships a function to the worker (vLLM refuses pickled callables otherwise)
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 

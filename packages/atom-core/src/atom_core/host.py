@@ -8,6 +8,7 @@ context, never through extra arguments threaded through the model's ``forward``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -115,6 +116,7 @@ class Host(Protocol):
         conv_shape: tuple[int, ...],
         ssm_shape: tuple[int, ...],
         dtype: torch.dtype,
+        mix: Callable[..., torch.Tensor],
     ) -> LinearAttentionState:
         """The framework's per-sequence state of one linear-attention (Gated DeltaNet) layer.
 
@@ -122,7 +124,9 @@ class Host(Protocol):
         ``ssm_shape = (num_v_heads, head_k_dim, head_v_dim)`` are this rank's per-sequence shapes, logical
         (K-major); ``dtype`` is the model's activation dtype (the conv state's).  The host allocates one
         conv and one SSM state per sequence slot (the SSM state in fp32 or bf16, its choice) and returns a
-        :class:`LinearAttentionState` whose ``step()`` the layer calls in every forward.
+        :class:`LinearAttentionState`; in every forward the layer calls its ``run(*inputs)``, which is
+        ``mix(*inputs, step)`` for this step's :class:`LinearAttentionStep`: the part of the layer that reads
+        and writes the state, returning ``[T, num_v_heads, head_v_dim]`` in the inputs' dtype.
         """
         ...
 
@@ -261,4 +265,10 @@ class LinearAttentionState(Protocol):
 
     def step(self) -> LinearAttentionStep:
         """This forward step's pools and metadata (read from the host's own per-step context)."""
+        ...
+
+    def run(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The layer's ``mix(*inputs, self.step())``.  A host that traces the model's forward runs it as one
+        opaque op, since the step is read in Python from the host's per-step context (vLLM's torch.compile: a
+        graph split point, as its own GDN layers' core op is)."""
         ...

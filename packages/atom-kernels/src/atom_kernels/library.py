@@ -6,7 +6,8 @@ public op (:class:`atom_kernels.dispatch.Op`) calls its ``traced`` form instead:
 op the compiler records as one opaque node, whose fake implementation gives the outputs' shapes and dtypes and
 whose real implementation is the op's ordinary dispatch.  Outside compilation an op never goes through here.
 
-RMSNorm is the exception: it is traced as its torch math, for the compiler to fuse (see ``_rms_norm_traced``).
+RMSNorm and gated RMSNorm are the exceptions: they are traced as their torch math, for the compiler to fuse (see
+``_rms_norm_traced``).
 
 Custom-op schemas hold tensors, numbers, strings, dtypes and lists of them, so ops whose public signature
 takes other objects (``fused_moe``'s :class:`ExpertQuant`) flatten them; ops that write their inputs in place
@@ -27,17 +28,18 @@ NAMESPACE = "atom"
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
 
-def define(name: str, fake: Callable, impl: Callable, mutates_args: tuple[str, ...] = ()):
-    """Register ``atom::<name>`` with ``fake``'s signature (its annotations are the schema); returns the
-    ``torch.ops`` handle.  The implementation is registered on the dispatcher directly (one kernel for every
-    device, no autograd) rather than through ``torch.library.custom_op``, whose Python wrapper costs ~20 µs
-    more per call: that is paid on every op of every layer wherever the host runs its compiled graph without a
-    CUDA graph (vLLM's prefill chunks above its largest capture size)."""
+def define(name: str, fake: Callable, impl: Callable, mutates_args: tuple[str, ...] = (),
+           library: torch.library.Library = _LIBRARY):
+    """Register ``<library's namespace>::<name>`` (``atom::<name>`` by default) with ``fake``'s signature (its
+    annotations are the schema); returns the ``torch.ops`` handle.  The implementation is registered on the
+    dispatcher directly (one kernel for every device, no autograd) rather than through ``torch.library.custom_op``,
+    whose Python wrapper costs ~20 µs more per call: that is paid on every op of every layer wherever the host runs
+    its compiled graph without a CUDA graph (vLLM's prefill chunks above its largest capture size)."""
     schema = torch.library.infer_schema(fake, mutates_args=mutates_args)
-    _LIBRARY.define(name + schema)
-    _LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
-    return getattr(getattr(torch.ops, NAMESPACE), name)
+    library.define(name + schema)
+    library.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{library.ns}::{name}", fake, lib=library)
+    return getattr(getattr(torch.ops, library.ns), name)
 
 
 def _eager(name: str) -> Callable:
@@ -52,6 +54,12 @@ def _rms_norm_traced(x, weight, eps, residual=None, weight_offset=0.0):
     from atom_kernels.ops.rms_norm.reference import rms_norm
 
     return rms_norm(x, weight, eps, residual, weight_offset)
+
+
+def _rms_norm_gated_traced(x, z, weight, eps):
+    from atom_kernels.ops.rms_norm_gated.reference import rms_norm_gated
+
+    return rms_norm_gated(x, z, weight, eps)
 
 
 # ---- silu_and_mul ---------------------------------------------------------------------------------------------
@@ -95,8 +103,18 @@ def _mrope_impl(positions, q, k, cos_sin_cache, head_size, mrope_section, interl
 _mrope = define("mrope", _mrope_fake, _mrope_impl, mutates_args=("q", "k"))
 
 
+def _packed_heads(t: Tensor) -> bool:
+    """Whether each token's heads of ``t`` (``[T, heads * D]`` or ``[T, heads, D]``) are one packed run."""
+    return t.dim() == 2 or (t.stride(2) == 1 and t.stride(1) == t.shape[2])
+
+
 def _mrope_traced(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved=False, *, q_weight=None,
                   k_weight=None, eps=1e-6, weight_offset=0.0):
+    # Inductor fails to lower the in-place write of a view whose heads are not packed (Qwen3-Next's q, interleaved
+    # with its gate: "decompose_auto_functionalized" under dynamic token counts), so such an input is rotated as a
+    # contiguous copy; callers take the returned q and k (every model does).
+    q = q if _packed_heads(q) else q.contiguous()
+    k = k if k is None or _packed_heads(k) else k.contiguous()
     _mrope(positions, q, k, cos_sin_cache, head_size, list(mrope_section), interleaved, q_weight, k_weight, eps,
            weight_offset)
     return q, k
@@ -297,6 +315,7 @@ def _reshape_and_cache_traced(k, v, k_cache, v_cache, slot_mapping, k_scale=None
 # op name -> its traced form
 TRACED: dict[str, Callable] = {
     "rms_norm": _rms_norm_traced,
+    "rms_norm_gated": _rms_norm_gated_traced,
     "silu_and_mul": lambda x: _silu_and_mul(x),
     "rotary_embedding": _rotary_traced,
     "mrope": _mrope_traced,

@@ -134,9 +134,10 @@ class SGLangHost:
         self.attention_layers.append(layer)
         return layer
 
-    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype) -> SGLangLinearAttentionState:
+    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype,
+                               mix) -> SGLangLinearAttentionState:
         """The layer's per-request state in SGLang's mamba pool (see :mod:`atom_sglang.linear_attention`)."""
-        state = SGLangLinearAttentionState(self, prefix, layer_id, conv_shape, ssm_shape, dtype)
+        state = SGLangLinearAttentionState(self, prefix, layer_id, conv_shape, ssm_shape, dtype, mix)
         self.linear_attention_states.append(state)
         return state
 

@@ -28,6 +28,7 @@ decoding (target-verify steps need SGLang's per-draft-token state buffers).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,13 +51,17 @@ class SGLangLinearAttentionState:
     ssm_layout = SSM_LAYOUT
 
     def __init__(self, host: SGLangHost, prefix: str, layer_id: int, conv_shape: tuple[int, ...],
-                 ssm_shape: tuple[int, int, int], dtype: torch.dtype):
+                 ssm_shape: tuple[int, int, int], dtype: torch.dtype, mix: Callable[..., torch.Tensor]):
         self._host = host
         self.prefix = prefix
         self.layer_id = layer_id
         self.conv_shape = tuple(conv_shape)
         self.ssm_shape = ssm_state_shape(SSM_LAYOUT, *ssm_shape)  # per slot, as SGLang stores it
+        self._mix = mix
         del dtype  # the pool's dtypes are SGLang's (SGLANG_MAMBA_CONV_DTYPE, mamba_ssm_dtype); the kernels follow them
+
+    def run(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self._mix(*inputs, self.step())
 
     def step(self) -> LinearAttentionStep:
         forward_batch = self._host.forward_batch

@@ -7,23 +7,30 @@ and vLLM captures them in piecewise CUDA graphs (mixed prefill/decode batches) b
 reach the traced graph as opaque ``torch.ops.atom`` custom ops (:mod:`atom_kernels.library`).
 
 The decorator goes on the generated wrapper class itself (its ``forward`` is the model's forward), as vLLM's
-Transformers backend does with the classes it wraps.  Only text-only architectures get it.  Hybrid models are
-left out because their GDN layers read vLLM's mamba metadata in Python during the forward, which a traced graph
-would freeze; multimodal ones because their forward (deepstack inputs, MRoPE positions) has not been traced and
-checked yet.  Both run eagerly between full-model CUDA graphs as before.
+Transformers backend does with the classes it wraps.  Text-only architectures get it.  Hybrid ones get it with
+``ATOM_VLLM_COMPILE_HYBRID=1``: their GDN layers read vLLM's mamba metadata in Python, inside one opaque op per
+layer at which vLLM splits the graph (:mod:`atom_vllm.hybrid`); checked on the CPU (compiled = eager tokens), not
+yet measured on a GPU, so they run eagerly between full-model CUDA graphs by default.  Multimodal ones are left out
+because their forward (deepstack inputs, MRoPE positions) has not been traced and checked yet.
 """
 
 from __future__ import annotations
 
 from atom_core import catalog
-from atom_core.catalog import TEXT
+from atom_core.catalog import HYBRID, TEXT
+from atom_core.env import env_flag
+
+COMPILE_HYBRID_ENV = "ATOM_VLLM_COMPILE_HYBRID"
 
 # The dims vLLM treats as the (symbolic) token count: positions is [T] or, with MRoPE, [3, T].
 DYNAMIC_ARG_DIMS = {"input_ids": 0, "positions": -1, "intermediate_tensors": 0, "inputs_embeds": 0}
 
 
 def compiles(spec: catalog.ArchSpec) -> bool:
-    """Whether vLLM compiles the wrapper of ``spec``: text-only architectures (see the module docstring)."""
+    """Whether vLLM compiles the wrapper of ``spec``: text-only architectures, hybrid ones with
+    ``ATOM_VLLM_COMPILE_HYBRID`` on (see the module docstring)."""
+    if spec.capabilities == frozenset({TEXT, HYBRID}):
+        return env_flag(COMPILE_HYBRID_ENV)
     return spec.capabilities == frozenset({TEXT})
 
 

@@ -93,12 +93,12 @@ class VllmHost:
         self.attention_layers[prefix] = layer
         return layer
 
-    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype) -> nn.Module:
+    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype, mix) -> nn.Module:
         """A vLLM ``MambaBase`` layer holding this layer's conv and SSM state in vLLM's cache (see
         :mod:`atom_vllm.hybrid`): registered in vLLM's forward context, bound to its state blocks by vLLM,
-        read per step from vLLM's GDN metadata."""
+        read per step from vLLM's GDN metadata; ``mix`` runs as one opaque op (a graph split point)."""
         from atom_vllm.hybrid import linear_attention_state
 
-        layer = linear_attention_state(self.vllm_config, prefix, conv_shape, ssm_shape, dtype)
+        layer = linear_attention_state(self.vllm_config, prefix, conv_shape, ssm_shape, dtype, mix)
         self.linear_attention_layers[prefix] = layer
         return layer

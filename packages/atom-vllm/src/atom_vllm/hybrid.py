@@ -22,6 +22,11 @@ Per step, :meth:`VllmLinearAttentionState.step` turns vLLM's ``GDNAttentionMetad
 first, then packed prefills; state indices; ``has_initial_state``; ``query_start_loc``) into atom-core's
 :class:`~atom_core.host.LinearAttentionStep`.
 
+Under torch.compile the layer's state part (its ``mix``: the conv and the delta rule, which read that metadata in
+Python) is one opaque op, ``atom_vllm::linear_attention``, that looks the layer up in vLLM's forward context by
+name, as vLLM's own GDN core op does; wherever vLLM splits its graph at its attention ops (piecewise CUDA graphs)
+it splits at this op too, so the op runs outside the captured pieces, with each step's metadata.
+
 Speculative decoding (``--speculative-config``, e.g. Qwen3-Next's MTP drafts) follows vLLM's own GDN layers:
 the conv state is a rolling buffer ``width - 1 + num_speculative_tokens`` wide and each sequence has
 ``1 + num_speculative_tokens`` SSM state blocks.  A step's speculative sequences (``spec_state_indices_tensor``,
@@ -44,9 +49,26 @@ from atom_core.errors import UnsupportedConfigError
 from atom_core.host import LinearAttentionStep
 from atom_core.layers.gdn import GDNConfig, gdn_state_shapes
 from atom_kernels.gdn import V_MAJOR, ssm_state_shape
+from atom_kernels.library import define
 from atom_vllm import compat
 
 StateShapes = tuple[tuple[int, ...], tuple[int, ...]]
+
+_LIBRARY = torch.library.Library("atom_vllm", "FRAGMENT")
+
+
+def _linear_attention_fake(inputs: list[torch.Tensor], row_shape: list[int], layer_name: str) -> torch.Tensor:
+    return inputs[0].new_empty((inputs[0].shape[0], *row_shape))
+
+
+def _linear_attention_impl(inputs, row_shape, layer_name):
+    from vllm.forward_context import get_forward_context
+
+    return get_forward_context().no_compile_layers[layer_name].mix_step(*inputs)
+
+
+_linear_attention = define("linear_attention", _linear_attention_fake, _linear_attention_impl, library=_LIBRARY)
+LINEAR_ATTENTION_OP = "atom_vllm::linear_attention"
 
 
 def num_speculative_tokens(vllm_config: Any) -> int:
@@ -103,14 +125,25 @@ class HybridModel:
         return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
 
 
-def linear_attention_state(vllm_config: Any, prefix: str, conv_shape, ssm_shape, dtype: torch.dtype) -> nn.Module:
+def linear_attention_state(vllm_config: Any, prefix: str, conv_shape, ssm_shape, dtype: torch.dtype,
+                           mix) -> nn.Module:
     """The layer :meth:`atom_vllm.host.VllmHost.linear_attention_state` returns (see the module doc)."""
     shapes = vllm_layout(tuple(conv_shape), tuple(ssm_shape), num_speculative_tokens(vllm_config))
     expected = state_shapes(vllm_config)
     if shapes != expected:
         raise UnsupportedConfigError(f"{prefix}: state shapes {shapes} differ from the ones sized from the config "
                                      f"{expected} (the layer and HybridModel.get_mamba_state_shape_from_config disagree)")
-    return _layer_class()(vllm_config, prefix, shapes, state_dtypes(vllm_config))
+    split_graph_at_linear_attention(vllm_config)
+    num_v_heads, _, head_v_dim = ssm_shape
+    return _layer_class()(vllm_config, prefix, shapes, state_dtypes(vllm_config), mix, (num_v_heads, head_v_dim))
+
+
+def split_graph_at_linear_attention(vllm_config: Any) -> None:
+    """Add ``atom_vllm::linear_attention`` to the engine's graph split points where vLLM splits at its attention
+    ops (an empty list: vLLM captures whole graphs only, and the op runs inside them as vLLM's own GDN op does)."""
+    splitting_ops = vllm_config.compilation_config.splitting_ops
+    if splitting_ops and LINEAR_ATTENTION_OP not in splitting_ops:
+        splitting_ops.append(LINEAR_ATTENTION_OP)
 
 
 @functools.cache
@@ -127,11 +160,14 @@ class _LinearAttentionState(nn.Module):
 
     ssm_layout = V_MAJOR
 
-    def __init__(self, vllm_config: Any, prefix: str, shapes: StateShapes, dtypes: tuple[torch.dtype, torch.dtype]):
+    def __init__(self, vllm_config: Any, prefix: str, shapes: StateShapes, dtypes: tuple[torch.dtype, torch.dtype],
+                 mix, row_shape: tuple[int, int]):
         super().__init__()
         self.prefix = prefix
         self._shapes = shapes
         self._dtypes = tuple(dtypes)
+        self._mix = mix  # the owning layer's state part (a bound method: not a submodule)
+        self._row_shape = list(row_shape)  # mix's output per token: (value heads, value head dim)
         self._conv_dim_first = compat.conv_state_dim_first()
         self.kv_cache = (torch.tensor([]), torch.tensor([]))  # until vLLM binds its blocks
         compat.register_forward_context_layer(vllm_config, prefix, self)
@@ -148,6 +184,15 @@ class _LinearAttentionState(nn.Module):
         return compat.gdn_mamba_type()
 
     # -- atom-core's LinearAttentionState
+    def run(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The layer's ``mix`` over this step; while Dynamo traces, as the opaque op (see the module doc)."""
+        if torch.compiler.is_compiling():
+            return _linear_attention(list(inputs), self._row_shape, self.prefix)
+        return self.mix_step(*inputs)
+
+    def mix_step(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self._mix(*inputs, self.step())
+
     def step(self) -> LinearAttentionStep:
         """This forward step's pools and slots, from vLLM's forward context.  No metadata for this layer
         (vLLM's profiling and warm-up runs) is a step without tokens: the layer outputs zeros."""

@@ -6,9 +6,10 @@
     y       = out_proj(rmsnorm(o) · w · silu(z))           per value head
 
 (see :mod:`atom_kernels.gdn` for the recurrence).  The per-sequence conv and SSM states live in the
-host's pools; :meth:`GatedDeltaNet.forward` gets them, with the step's slots, from
-``host.linear_attention_state(...).step()`` (see :class:`atom_core.host.LinearAttentionStep`): decode
-tokens go through the fused recurrent kernels, prefill tokens through the chunked ones.
+host's pools.  The part of the layer that reads and writes them, the conv and the delta rule
+(:meth:`GatedDeltaNet.mix`), runs through the host (``host.linear_attention_state(...).run``), which hands
+it the step's slots (see :class:`atom_core.host.LinearAttentionStep`) and may run it as one opaque op of a
+compiled graph; decode tokens go through the fused recurrent kernels, prefill tokens through the chunked ones.
 
 Tensor parallelism splits the key heads (and their value heads) over ranks; every rank holds
 ``[q | k | v | z]`` and ``[b | a]`` of its own heads (:data:`PROJECTIONS`).  How the checkpoint stores
@@ -242,28 +243,36 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(V, cfg.rms_norm_eps)
         self.out_proj = RowParallelLinear(HV * V, cfg.hidden_size, host=host, prefix=f"{prefix}.out_proj")
         conv_shape, ssm_shape = gdn_state_shapes(cfg, world)
-        self.state = host.linear_attention_state(prefix, layer_id, conv_shape, ssm_shape, torch.get_default_dtype())
+        self.state = host.linear_attention_state(prefix, layer_id, conv_shape, ssm_shape, torch.get_default_dtype(),
+                                                 self.mix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        step = self.state.step()
-        if step.token_order is None:
-            return self._forward(x, step)
-        out = self._forward(x.index_select(0, step.token_order), step)
-        return out.new_zeros(x.shape[0], out.shape[1]).index_copy_(0, step.token_order, out)
-
-    def _forward(self, x: torch.Tensor, step: LinearAttentionStep) -> torch.Tensor:
         T = x.shape[0]
-        Hl, HVl, K, V = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
         qkvz = self.in_proj_qkvz(x)
-        ba = self.in_proj_ba(x)
-        z = qkvz[:, self.conv_dim :].view(T, HVl, V)
+        core = self.state.run(qkvz[:, : self.conv_dim], self.in_proj_ba(x))
+        z = qkvz[:, self.conv_dim :].view(T, self.num_v_heads, self.head_v_dim)
+        return self.out_proj(self.norm(core, z).view(T, self.num_v_heads * self.head_v_dim))
+
+    def mix(self, qkv: torch.Tensor, ba: torch.Tensor, step: LinearAttentionStep) -> torch.Tensor:
+        """The conv and the delta rule over the step's tokens: ``qkv`` ``[T, conv_dim]`` (before the conv) and
+        ``ba`` ``[T, 2 * HV]`` in batch order -> ``[T, HV, V]``; reads and writes the step's states."""
+        if step.token_order is None:
+            return self._mix(qkv, ba, step)
+        order = step.token_order
+        out = self._mix(qkv.index_select(0, order), ba.index_select(0, order), step)
+        return out.new_zeros(qkv.shape[0], *out.shape[1:]).index_copy_(0, order, out)
+
+    def _mix(self, qkv: torch.Tensor, ba: torch.Tensor, step: LinearAttentionStep) -> torch.Tensor:
+        T = qkv.shape[0]
+        Hl, HVl, K, V = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+        if not (step.num_decode_tokens or step.num_prefill_tokens):  # e.g. a host's warm-up, before states are bound
+            return qkv.new_zeros(T, HVl, V)
         b, a = ba[:, :HVl], ba[:, HVl:]
-        mixed = self._conv(qkvz[:, : self.conv_dim], step)
+        mixed = self._conv(qkv, step)
         q = mixed[:, : Hl * K].view(T, Hl, K)
         k = mixed[:, Hl * K : 2 * Hl * K].view(T, Hl, K)
         v = mixed[:, 2 * Hl * K :].view(T, HVl, V)
-        core = self._core(q, k, v, a, b, step)
-        return self.out_proj(self.norm(core, z).view(T, HVl * V))
+        return self._core(q, k, v, a, b, step)
 
     # ----------------------------------------------------------------------------------- parts
     def _conv(self, x: torch.Tensor, step: LinearAttentionStep) -> torch.Tensor:

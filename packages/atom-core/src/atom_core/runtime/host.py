@@ -61,10 +61,11 @@ class NativeHost:
         self.attention_layers.append(layer)
         return layer
 
-    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype) -> NativeLinearAttentionState:
+    def linear_attention_state(self, prefix: str, layer_id: int, conv_shape, ssm_shape, dtype,
+                               mix) -> NativeLinearAttentionState:
         """Per-sequence GDN state in this host's pool (SSM state in fp32, ``ssm_layout`` K-major)."""
         self.state_specs.append(StateSpec(prefix, tuple(conv_shape), tuple(ssm_shape), dtype, torch.float32))
-        return NativeLinearAttentionState(self, len(self.state_specs) - 1, self.linear_attention_layout)
+        return NativeLinearAttentionState(self, len(self.state_specs) - 1, mix, self.linear_attention_layout)
 
     def allocate_state_pool(self, num_slots: int, device: torch.device) -> StatePool | None:
         """Pools for ``num_slots`` sequences (None when the model has no linear-attention layers)."""

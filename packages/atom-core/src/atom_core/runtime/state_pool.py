@@ -8,6 +8,7 @@ its slot in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -82,10 +83,14 @@ class StateSnapshot:
 class NativeLinearAttentionState:
     """What :meth:`NativeHost.linear_attention_state` returns: one layer's view of the pool."""
 
-    def __init__(self, host: NativeHost, index: int, layout: str = K_MAJOR):
+    def __init__(self, host: NativeHost, index: int, mix: Callable[..., torch.Tensor], layout: str = K_MAJOR):
         self._host = host
         self.index = index
+        self._mix = mix
         self.ssm_layout = layout
+
+    def run(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self._mix(*inputs, self.step())
 
     def step(self) -> LinearAttentionStep:
         host = self._host
