@@ -300,12 +300,13 @@ def e2e_table(host: str) -> str:
         for entry in report["models"]:
             impls = entry["impls"]
             label = f"{entry['model']} ({entry['layers']}, {entry.get('format', 'bf16')})"
-            if set(impls) != {host, "atom"}:
+            if set(impls) != {host, "atom"}:  # other engines: all of them against the run's first, below
                 timed = [impl for impl, r in impls.items() if r["batches"]]
                 others += _engines_rows(label, name, report, entry) if timed else []
                 starts += [f"{label}: {impl} started in {r['startup_s']} s ({name})"
                            for impl, r in impls.items() if impl not in timed]
-                continue
+                if not {host, "atom"} <= set(timed):
+                    continue
             v, a = impls[host], impls["atom"]
             tree = report.get("atom_commit") or report.get("note", "")
             for i, batch in enumerate(sorted(a["batches"], key=int)):

@@ -369,3 +369,38 @@ def test_graph_capturable(rng, op):
         return out, pool.clone()
 
     assert_graph_capturable(fn, x["q"], x["v"], x["a"], pool0)
+
+
+def test_prefill_behind_decodes_compiles_nothing_new(monkeypatch):
+    """A host's prefill sequences follow its decode sequences, so the prefill part's per-sequence slots and
+    initial-state flags are slices at a step-dependent offset (vLLM: ``state_indices[num_decodes:]``).  The conv and
+    chunked delta-rule kernels must not specialize on where such a slice starts: one compile for every step."""
+    from atom_kernels import causal_conv1d
+    from atom_kernels.compile_keys import recording, size_specializations
+    from atom_kernels.dispatch import ENV_OVERRIDE, triton_interpreting
+
+    if not triton_interpreting():
+        pytest.skip("records the launches Triton's interpreter runs (CPU)")
+    monkeypatch.setenv(ENV_OVERRIDE, "triton")
+    gen = torch.Generator().manual_seed(0)
+    H, HV, K, V, width = 2, 4, 32, 32, 4
+    dim = 2 * H * K + HV * V
+    slots, initial = torch.arange(80, dtype=torch.int32), torch.arange(80) % 2 == 0
+    conv_state, ssm_state = torch.zeros(80, dim, width - 1), torch.zeros(80, HV, K, V)
+    weight, A_log, dt_bias = (torch.randn(*s, generator=gen) for s in ((dim, width), (HV,), (HV,)))
+
+    def prefill_behind(num_decodes: int, lengths: list[int]) -> None:
+        T, n = sum(lengths), len(lengths)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        mixed = causal_conv1d(torch.randn(T, dim, generator=gen), weight, None, conv_state, cu,
+                              slots[num_decodes : num_decodes + n], initial[num_decodes : num_decodes + n])
+        q, k = mixed[:, : H * K].view(T, H, K), mixed[:, H * K : 2 * H * K].view(T, H, K)
+        chunk_gated_delta_rule(q, k, mixed[:, 2 * H * K :].view(T, HV, V), torch.randn(T, HV, generator=gen),
+                               torch.randn(T, HV, generator=gen), A_log, dt_bias, ssm_state, cu,
+                               slots[num_decodes : num_decodes + n], initial[num_decodes : num_decodes + n])
+
+    with recording() as keys:
+        for num_decodes in (0, 32, 63, 5):
+            prefill_behind(num_decodes, [40, 9, 17])
+    assert {"_conv_out_kernel", "_conv_state_kernel", "_state_kernel"} <= set(keys), sorted(keys)
+    assert size_specializations(keys) == {}

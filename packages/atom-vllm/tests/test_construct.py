@@ -181,8 +181,8 @@ def test_linear_attention_op_splits_the_graph_where_attention_ops_do():
 
 
 def test_hybrid_classes_compile_only_when_asked(monkeypatch):
-    """vLLM compiles ATOM's text-only classes; the hybrid ones only with ATOM_VLLM_COMPILE_HYBRID on (not yet
-    measured on a GPU), the multimodal ones never."""
+    """vLLM compiles ATOM's text-only classes; the hybrid ones only with ATOM_VLLM_COMPILE_HYBRID on (their GPU
+    agreement is not yet explained), the multimodal ones never."""
     from atom_vllm.compilation import COMPILE_HYBRID_ENV, compiles
 
     hybrid, dense, multimodal = (catalog.get(a) for a in ("Qwen3NextForCausalLM", "Qwen3ForCausalLM",

@@ -24,7 +24,7 @@ BOOLEAN_SWITCHES = {
     "ATOM_DEBUG": "errors of the atom command print their traceback too",
     "ATOM_DISABLE_VLLM_PLUGIN": "vLLM runs its own model classes",
     "ATOM_VLLM_ALLOW_UNSUPPORTED": "atom-vllm loads on a vLLM outside its tested range",
-    "ATOM_VLLM_COMPILE_HYBRID": "vLLM compiles ATOM's hybrid (Gated DeltaNet) classes too (not yet measured on a GPU)",
+    "ATOM_VLLM_COMPILE_HYBRID": "vLLM compiles ATOM's hybrid (Gated DeltaNet) classes too (see docs/vllm.md)",
     "ATOM_AITER_MXFP4_A4W4": "AITER's MXFP4 GEMM may quantize activations too (ROCm)",
 }
 # switches that take one of a few values

@@ -1,11 +1,13 @@
 """What Triton's GPU JIT would compile for each launch, recorded while the kernels run in the interpreter.
 
 A Triton kernel is compiled once per *specialization key*: its constexpr values and, for every other integer
-argument not named in ``do_not_specialize``, whether it is 1 or a multiple of 16 (Triton's
+argument not named in ``do_not_specialize``, whether it is 1 or a multiple of 16, and for every tensor argument not
+named in ``do_not_specialize_on_alignment``, whether its address is a multiple of 16 bytes (Triton's
 ``native_specialize_impl``, called here as the JIT calls it).  A size that changes from step to step (a token or
-sequence count, a stride that is one) therefore compiles a new variant the first time each class appears, in the
+sequence count, a stride that is one), or a per-sequence tensor sliced at a step-dependent offset (a host's prefill
+sequences behind its decode ones), therefore compiles a new variant the first time each class appears, in the
 middle of serving.  :func:`recording` collects the keys of every launch; :func:`size_specializations` names the
-integer arguments whose class changed between launches that agree on every constexpr."""
+arguments whose class changed between launches that agree on every constexpr."""
 
 from __future__ import annotations
 
@@ -13,29 +15,36 @@ import collections
 import contextlib
 import inspect
 
+import torch
 import triton.language as tl
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 from triton.runtime.interpreter import InterpretedFunction
 
 
-def _specialized(value, specialize: bool) -> tuple:
-    return tuple(native_specialize_impl(BaseBackend, value, False, specialize, specialize))
+def _specialized(value, specialize: bool, align: bool) -> tuple:
+    return tuple(native_specialize_impl(BaseBackend, value, False, specialize, align))
 
 
 def launch_key(kernel: InterpretedFunction, args: tuple, kwargs: dict) -> tuple:
-    """``((name, "const" | "int", value), ...)`` of one launch of ``kernel``."""
+    """``((name, "const" | "int" | "ptr", value), ...)`` of one launch of ``kernel``."""
     signature = inspect.signature(kernel.fn)
     bound = signature.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in signature.parameters})
     names = list(signature.parameters)
-    fixed = {names[n] if isinstance(n, int) else n for n in kernel.kwargs.get("do_not_specialize") or ()}
+
+    def named(option: str) -> set[str]:
+        return {names[n] if isinstance(n, int) else n for n in kernel.kwargs.get(option) or ()}
+
+    fixed, unaligned = named("do_not_specialize"), named("do_not_specialize_on_alignment")
     key = []
     for name, value in bound.arguments.items():
         annotation = signature.parameters[name].annotation
         if annotation is tl.constexpr or annotation == "tl.constexpr":
             key.append((name, "const", repr(value)))
         elif isinstance(value, int) and not isinstance(value, bool):
-            key.append((name, "int", _specialized(value, name not in fixed)))
+            key.append((name, "int", _specialized(value, name not in fixed, name not in fixed)))
+        elif isinstance(value, torch.Tensor):  # its dtype and whether its address is 16-byte aligned
+            key.append((name, "ptr", _specialized(value, True, name not in unaligned)))
     return tuple(key)
 
 
@@ -57,12 +66,13 @@ def recording():
 
 
 def size_specializations(keys: dict[str, set]) -> dict[str, list[str]]:
-    """Per kernel, the integer arguments whose specialization differs between launches with equal constexprs."""
+    """Per kernel, the integer and tensor arguments whose specialization differs between launches with equal
+    constexprs."""
     out = {}
     for kernel, launches in sorted(keys.items()):
         by_constexprs = collections.defaultdict(list)
         for key in launches:
-            by_constexprs[tuple(k for k in key if k[1] == "const")].append({n: v for n, kind, v in key if kind == "int"})
+            by_constexprs[tuple(k for k in key if k[1] == "const")].append({n: v for n, kind, v in key if kind != "const"})
         varying = {name for group in by_constexprs.values() if len(group) > 1
                    for name in group[0] if len({str(g.get(name)) for g in group}) > 1}
         if varying:

@@ -9,8 +9,9 @@ reach the traced graph as opaque ``torch.ops.atom`` custom ops (:mod:`atom_kerne
 The decorator goes on the generated wrapper class itself (its ``forward`` is the model's forward), as vLLM's
 Transformers backend does with the classes it wraps.  Text-only architectures get it.  Hybrid ones get it with
 ``ATOM_VLLM_COMPILE_HYBRID=1``: their GDN layers read vLLM's mamba metadata in Python, inside one opaque op per
-layer at which vLLM splits the graph (:mod:`atom_vllm.hybrid`); checked on the CPU (compiled = eager tokens), not
-yet measured on a GPU, so they run eagerly between full-model CUDA graphs by default.  Multimodal ones are left out
+layer at which vLLM splits the graph (:mod:`atom_vllm.hybrid`); compiled = eager tokens on the CPU, faster on a GPU
+(docs/vllm.md), but its bf16 agreement with vLLM's own class is not yet explained, so by default they run eagerly
+between full-model CUDA graphs.  Multimodal ones are left out
 because their forward (deepstack inputs, MRoPE positions) has not been traced and checked yet.
 """
 

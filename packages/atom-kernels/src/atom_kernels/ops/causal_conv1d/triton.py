@@ -28,7 +28,12 @@ def unsupported(x, weight, bias, conv_state, cu_seqlens, slots, has_initial_stat
     return None
 
 
-@triton.jit
+# A host's prefill sequences follow its decode ones: their slots and initial-state flags are slices at a
+# step-dependent offset, so those pointers are not specialized on alignment (one compile for every step).
+PER_SEQUENCE_POINTERS = ["slots_ptr", "init_ptr"]
+
+
+@triton.jit(do_not_specialize_on_alignment=PER_SEQUENCE_POINTERS)
 def _conv_out_kernel(
     x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, cu_ptr, slots_ptr, init_ptr, chunk_seq_ptr, chunk_start_ptr,
     sx_t, so_t, sw_d, sw_w, ss_slot, ss_d, ss_w, D,
@@ -68,7 +73,7 @@ def _conv_out_kernel(
              mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=PER_SEQUENCE_POINTERS)
 def _conv_state_kernel(
     x_ptr, state_ptr, cu_ptr, slots_ptr, init_ptr,
     sx_t, ss_slot, ss_d, ss_w, D,
