@@ -18,8 +18,9 @@ TINY = MoeKernelConfig(16, GemmTile(64, 64), GemmTile(64, 64), group_m=2)
 # fp8-block requantizes the SiLU-and-mul rows to fp8 between the two GEMMs: an fp32 summation-order
 # difference (or, in bf16, one bf16 rounding difference; the CPU interpreter truncates) can move a value
 # across an fp8 rounding boundary, one code (2^-3 relative) on one element; seen at 1.1e-4 overall in fp32
-# (CI, seed 53857911). The GPU's FP8 MMA adds its ~14-bit accumulation on top (same bound).
-TOL = {("fp8-block", torch.float32): 1e-3, ("mxfp4", torch.float32): 1e-5,
+# (CI, seed 53857911) and, one flip on a large element of one token, 2.4e-3 (seed 1638461583: the unsplit kernel
+# alike; the other tokens' rows equal to 1e-6). A wrong scale, block or expert is off by O(1).
+TOL = {("fp8-block", torch.float32): 1e-2, ("mxfp4", torch.float32): 1e-5,
        ("fp8-block", torch.bfloat16): 4e-2, ("mxfp4", torch.bfloat16): 2e-2}
 # On the GPU the FP8 MMA's ~14-bit accumulation moves the SiLU-and-mul rows by ~1e-4 relative before they are
 # requantized, so several elements per case cross an fp8 rounding boundary (each flip: up to 2^-4 of that
