@@ -65,6 +65,8 @@ def e2e_records(report: dict, run: Run, source: str) -> list[dict]:
                         "quant": entry.get("format", "bf16"), "impl": impl, "batch": int(batch),
                         "prompt_len": settings.get("prompt_len"), "output_len": settings.get("output_len"),
                         "max_num_batched_tokens": settings.get("max_num_batched_tokens"), "metric": metric,
+                        # the engines alive together share the GPU (memory split, concurrent processes)
+                        "engines": ",".join(sorted(entry["impls"])),
                         "median": stats["median"], "min": stats.get("min"), "max": stats.get("max"),
                         "samples": stats.get("samples"), "agreement": entry.get("agreement"),
                     })
@@ -135,8 +137,8 @@ def load_runs(root: Path = RESULTS) -> list[Run]:
 
 def e2e_key(rec: dict) -> tuple:
     """What must match for two end-to-end records to be the same measurement."""
-    return tuple(rec[k] for k in ("model", "layers", "quant", "impl", "batch", "prompt_len", "output_len",
-                                  "max_num_batched_tokens", "metric"))
+    return tuple(rec.get(k) for k in ("model", "layers", "quant", "impl", "batch", "prompt_len", "output_len",
+                                      "max_num_batched_tokens", "engines", "metric"))
 
 
 def kernel_key(rec: dict) -> tuple:
