@@ -137,8 +137,8 @@ def load_runs(root: Path = RESULTS) -> list[Run]:
 
 def e2e_key(rec: dict) -> tuple:
     """What must match for two end-to-end records to be the same measurement."""
-    return tuple(rec.get(k) for k in ("model", "layers", "quant", "impl", "batch", "prompt_len", "output_len",
-                                      "max_num_batched_tokens", "engines", "metric"))
+    return tuple(rec[k] for k in ("model", "layers", "quant", "impl", "batch", "prompt_len", "output_len",
+                                  "max_num_batched_tokens", "engines", "metric"))
 
 
 def kernel_key(rec: dict) -> tuple:

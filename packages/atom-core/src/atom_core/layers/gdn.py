@@ -314,6 +314,6 @@ def _by_phase(step: LinearAttentionStep, num_tokens: int, row_shape: tuple[int, 
         parts.append(decode(slice(0, nd)))
     if npf:
         parts.append(prefill(slice(nd, nd + npf)))
-    if nd + npf < num_tokens or not parts:
+    if nd + npf < num_tokens:
         parts.append(like.new_zeros(num_tokens - nd - npf, *row_shape))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

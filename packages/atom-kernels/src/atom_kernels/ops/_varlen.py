@@ -10,6 +10,11 @@ from __future__ import annotations
 import torch
 import triton
 
+# A host's prefill sequences follow its decode ones, so their per-sequence slots and initial-state flags are slices
+# at a step-dependent offset: kernels taking them leave these pointers out of alignment specialization
+# (``do_not_specialize_on_alignment``), one compile for every step.
+PER_SEQUENCE_POINTERS = ["slots_ptr", "init_ptr"]
+
 
 def max_chunks(num_tokens: int, num_seqs: int, block: int) -> int:
     """Upper bound of ``sum(ceil(len_i / block))`` over sequences of total length <= num_tokens."""

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.ops._varlen import chunk_map
+from atom_kernels.ops._varlen import PER_SEQUENCE_POINTERS, chunk_map
 from atom_kernels.ops.causal_conv1d.reference import check_conv_args
 
 MAX_WIDTH = 8
@@ -26,11 +26,6 @@ def unsupported(x, weight, bias, conv_state, cu_seqlens, slots, has_initial_stat
     if x.stride(-1) != 1:
         return "x needs a contiguous last dim"
     return None
-
-
-# A host's prefill sequences follow its decode ones: their slots and initial-state flags are slices at a
-# step-dependent offset, so those pointers are not specialized on alignment (one compile for every step).
-PER_SEQUENCE_POINTERS = ["slots_ptr", "init_ptr"]
 
 
 @triton.jit(do_not_specialize_on_alignment=PER_SEQUENCE_POINTERS)

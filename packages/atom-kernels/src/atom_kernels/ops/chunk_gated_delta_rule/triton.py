@@ -27,7 +27,7 @@ import triton.language as tl
 
 from atom_kernels.gdn import K_MAJOR, check_gdn_shapes, default_scale, state_strides
 from atom_kernels.ops._triton_common import chunk_span, dot_dtype, dot_precision, use_while
-from atom_kernels.ops._varlen import chunk_map, padded_tokens
+from atom_kernels.ops._varlen import PER_SEQUENCE_POINTERS, chunk_map, padded_tokens
 from atom_kernels.ops.chunk_gated_delta_rule.intra import BT, _intra
 
 MAX_HEAD_DIM = 256
@@ -109,8 +109,7 @@ def _state_chunk(h, c, k_ptr, w_ptr, u_ptr, g_ptr, vn_ptr, hbuf_ptr, bos, eos, f
     return h * tl.exp2(G_last) + tl.dot(tl.trans(kb.to(DOT)), (v_new * coef[:, None]).to(DOT), input_precision=PREC)
 
 
-# slots and initial-state flags: slices at a step-dependent offset (see causal_conv1d's PER_SEQUENCE_POINTERS)
-@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "init_ptr"])
+@triton.jit(do_not_specialize_on_alignment=PER_SEQUENCE_POINTERS)
 def _state_kernel(
     k_ptr, w_ptr, u_ptr, g_ptr, vn_ptr, hbuf_ptr, state_ptr, cu_ptr, slots_ptr, init_ptr, offsets_ptr,
     sk_t, sk_h, sw_t, sw_h, su_t, su_h, sg_h, svn_t, svn_h, sh_c, sh_h, sh_k,
