@@ -55,6 +55,7 @@ from pathlib import Path
 
 from atom_tools.e2e import drafts, driver
 from atom_tools.e2e.driver import AGREEMENT_TOKENS, checkpoint_prompt_vocab, compare_agreement, random_prompts, spread
+from atom_tools.e2e.triton_cache import CompileLog
 
 # Engine arguments a model needs, given to both implementations.  vLLM's own Qwen3-Next and Qwen3.5 take
 # FlashInfer's JIT-compiled GDN prefill on Hopper by default; the Triton (flash-linear-attention) one needs no
@@ -190,6 +191,7 @@ class EngineProcess:
         shutil.rmtree(self.triton_cache, ignore_errors=True)
         self.triton_cache.mkdir(parents=True)
         env["TRITON_CACHE_DIR"] = str(self.triton_cache)
+        self.compiles = CompileLog(self.triton_cache)
         # run as atom_tools.e2e.vllm rather than __main__, so model_module pickles by an importable name
         code = "import sys; from atom_tools.e2e.vllm import main; sys.exit(main(sys.argv[1:]))"
         self.impl = impl
@@ -208,7 +210,7 @@ class EngineProcess:
 
     def triton_compiles(self) -> int:
         """Kernels Triton has compiled in this engine so far (entries of its cache)."""
-        return sum(1 for entry in self.triton_cache.iterdir() if entry.is_dir())
+        return self.compiles.count()
 
     def request(self, op: str, **kw):
         self.process.stdin.write(json.dumps({"op": op, **kw}) + "\n")
@@ -308,8 +310,11 @@ def summarize(runs: list[dict], batch: int, output_len: int) -> dict:
     tput = [batch * output_len / r["total_s"] for r in mine]
     tpot = [(r["total_s"] - r["ttft_s"]) / (output_len - 1) * 1e3 for r in mine]
     ttft = [r["ttft_s"] * 1e3 for r in mine]
-    return {"output_tok_per_s": spread(tput), "tpot_ms": spread(tpot), "ttft_ms": spread(ttft),
-            "triton_compiles": [r["triton_compiles"] for r in mine]}
+    out = {"output_tok_per_s": spread(tput), "tpot_ms": spread(tpot), "ttft_ms": spread(ttft),
+           "triton_compiles": [r["triton_compiles"] for r in mine]}
+    if any(r.get("compiled") for r in mine):  # which kernels, per repeat (atom_tools.e2e.triton_cache)
+        out["compiled"] = [r.get("compiled", []) for r in mine]
+    return out
 
 
 def timed_runs(engines: list[EngineProcess], batches: list[int], args: argparse.Namespace) -> dict[str, list[dict]]:
@@ -325,10 +330,12 @@ def timed_runs(engines: list[EngineProcess], batches: list[int], args: argparse.
             for engine in engines if rep % 2 == 0 else engines[::-1]:
                 seed = 100 * batch + 2 * rep  # fresh prompts every run, so the prefix cache never hits
                 compiled = engine.triton_compiles()
+                engine.compiles.new()
                 ttft = engine.request("timed", batch=batch, prompt_len=plen, max_tokens=1, seed=seed)
                 total = engine.request("timed", batch=batch, prompt_len=plen, max_tokens=olen, seed=seed + 1)
                 runs[engine.impl].append({"batch": batch, "repeat": rep, "ttft_s": ttft, "total_s": total,
-                                          "triton_compiles": engine.triton_compiles() - compiled})
+                                          "triton_compiles": engine.triton_compiles() - compiled,
+                                          "compiled": engine.compiles.new()})
     return runs
 
 
