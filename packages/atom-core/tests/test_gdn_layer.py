@@ -201,3 +201,98 @@ def test_speculative_steps_resume_from_the_accepted_tokens(rng):
     torch.testing.assert_close(got[order[2:5]], want_b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[order[5:]], want_c, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[8:], torch.zeros_like(got[8:]))
+
+
+WIDE = GDNConfig(hidden_size=64, num_k_heads=4, num_v_heads=32, head_k_dim=16, head_v_dim=16, conv_kernel=4,
+                 rms_norm_eps=1e-6)  # 32 value heads (Qwen3-Next's): warm-up steps of 1, 8 and 32 sequences
+
+
+def wide_layer(layout):
+    class Host(StepHost):
+        def linear_attention_state(self, prefix, layer_id, conv_shape, ssm_shape, dtype, mix):
+            host = self
+
+            class State:
+                ssm_layout = host.layout
+
+                def run(self, *inputs):
+                    return mix(*inputs, host.step)
+
+            return State()
+
+    host = Host(layout)
+    return GatedDeltaNet(WIDE, 0, host=host, prefix="layers.0.linear_attn"), host
+
+
+@pytest.fixture
+def triton_interpreted(monkeypatch):
+    from atom_kernels.dispatch import ENV_OVERRIDE, triton_interpreting
+
+    if not triton_interpreting():
+        pytest.skip("records the launches Triton's interpreter runs (CPU)")
+    monkeypatch.setenv(ENV_OVERRIDE, "triton")
+    monkeypatch.setattr("atom_core.layers.gdn._WARMED", set())
+
+
+def serving_steps(pools, layout):
+    """Steps of the compositions a host sends: one prompt; decodes beside prompts (slots at odd offsets); many of
+    both; decode only."""
+    gen = torch.Generator().manual_seed(0)
+    for decodes, prompts in ((0, [70]), (3, [5, 9]), (13, [4] * 11), (40, [2] * 37), (45, [])):
+        nd, T = decodes, decodes + sum(prompts)
+        slots = torch.randperm(pools[0].shape[0], generator=gen)[: nd + len(prompts)].to(torch.int32)
+        fields = dict(num_decode_tokens=nd, decode_slots=slots[:nd]) if nd else {}
+        if prompts:
+            fields |= dict(num_prefill_tokens=T - nd, prefill_slots=slots[nd:],
+                           prefill_cu_seqlens=torch.tensor([0, *torch.tensor(prompts).cumsum(0).tolist()], dtype=torch.int32),
+                           prefill_has_initial_state=torch.arange(len(prompts)) % 2 == 0)
+        yield T, step(pools, layout, **fields)
+
+
+@pytest.mark.parametrize("layout", [K_MAJOR, V_MAJOR])
+def test_warm_up_step_compiles_what_serving_needs(triton_interpreted, layout):
+    """A step without tokens (a host's warm-up or profiling run) outputs zeros and runs the GDN kernels once per
+    launch class on scratch pools laid out as the host's (here vLLM's: conv taps-major, no rows yet), so no
+    serving step of any composition launches a kernel variant (Triton specialization) not compiled then."""
+    from atom_kernels.compile_keys import recording
+
+    layer, _ = wide_layer(layout)
+    conv_shape, ssm_shape = gdn_state_shapes(WIDE)
+    empty = (torch.empty(0, conv_shape[1], conv_shape[0]).transpose(1, 2),
+             torch.empty(0, *ssm_state_shape(layout, *ssm_shape)))
+    pools = (torch.zeros(96, conv_shape[1], conv_shape[0]).transpose(1, 2),
+             torch.zeros(96, *ssm_state_shape(layout, *ssm_shape)))
+    with torch.no_grad(), recording(launch=False) as warm:
+        out = layer.mix(torch.randn(16, WIDE.conv_dim()), torch.randn(16, 2 * WIDE.num_v_heads), step(empty, layout))
+    assert out.shape == (16, WIDE.num_v_heads, WIDE.head_v_dim) and not out.any()
+    assert {"_intra_kernel", "_wu_kernel", "_state_kernel", "_out_kernel", "_conv_out_kernel", "_conv_state_kernel",
+            "_conv_update_kernel"} <= set(warm), sorted(warm)
+    with torch.no_grad(), recording(launch=False) as serving:
+        for T, serving_step in serving_steps(pools, layout):
+            layer.mix(torch.randn(T, WIDE.conv_dim()), torch.randn(T, 2 * WIDE.num_v_heads), serving_step)
+    new = {kernel: keys - warm.get(kernel, set()) for kernel, keys in serving.items()}
+    assert not any(new.values()), {kernel: len(keys) for kernel, keys in new.items() if keys}
+
+
+def test_warm_up_runs_once_per_layer_shape_and_needs_the_pools_layout(triton_interpreted):
+    from atom_kernels.compile_keys import recording
+
+    def mix(layer, host):
+        return layer.mix(torch.randn(4, WIDE.conv_dim()), torch.randn(4, 2 * WIDE.num_v_heads), host.step)
+
+    layer, host = wide_layer(V_MAJOR)
+    other, other_host = wide_layer(V_MAJOR)
+    conv_shape, ssm_shape = gdn_state_shapes(WIDE)
+    with torch.no_grad(), recording(launch=False) as launched:
+        host.step = step((torch.tensor([]), torch.tensor([])), V_MAJOR)  # pools not yet known: nothing to warm
+        mix(layer, host)
+    assert not launched
+    empty = step((torch.empty(0, *conv_shape), torch.empty(0, *ssm_state_shape(V_MAJOR, *ssm_shape))), V_MAJOR)
+    with torch.no_grad(), recording(launch=False) as launched:
+        host.step = other_host.step = empty
+        mix(layer, host)
+    assert launched
+    with torch.no_grad(), recording(launch=False) as launched:
+        mix(layer, host)
+        mix(other, other_host)  # another layer of the same shape
+    assert not launched

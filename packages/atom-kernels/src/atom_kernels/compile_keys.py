@@ -49,14 +49,16 @@ def launch_key(kernel: InterpretedFunction, args: tuple, kwargs: dict) -> tuple:
 
 
 @contextlib.contextmanager
-def recording():
-    """``{kernel name: {launch key}}`` of every Triton launch inside the block (interpreter only)."""
+def recording(launch: bool = True):
+    """``{kernel name: {launch key}}`` of every Triton launch inside the block (interpreter only).  With
+    ``launch=False`` the kernels do not run (their outputs keep whatever their buffers held): enough for the keys
+    of code that never reads a kernel's output back to the host, at none of the interpreter's cost."""
     keys: dict[str, set] = collections.defaultdict(set)
     original = InterpretedFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
         keys[self.fn.__qualname__].add(launch_key(self, args, kwargs))
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs) if launch else None
 
     InterpretedFunction.run = run
     try:

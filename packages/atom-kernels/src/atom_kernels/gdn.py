@@ -119,3 +119,17 @@ def check_gdn_shapes(op: str, q, k, v, a, b, A_log, dt_bias, ssm_state, layout: 
     if ssm_state.dim() != 4 or tuple(ssm_state.shape[1:]) != expected:
         raise ValueError(f"{op}: ssm_state must be [slots, {', '.join(map(str, expected))}] ({layout}), "
                          f"got {tuple(ssm_state.shape)}")
+
+
+def warm_up_sequence_counts(num_v_heads: int, limit: int = 4096) -> tuple[int, ...]:
+    """The fewest sequences of each combination of the GDN Triton kernels' launch classes (the chunked prefill's
+    and the fused recurrent decode's, which pick configs by ``(sequences, value heads)``): a host that runs one
+    step of ``n`` decode and ``n`` prefill sequences for each ``n`` here has compiled every variant serving can
+    reach (sizes and slot offsets are not specialized), so no request pays for a compile."""
+    from atom_kernels.ops.chunk_gated_delta_rule.triton import shape_class as prefill_class
+    from atom_kernels.ops.fused_recurrent_gated_delta_rule.triton import shape_class as decode_class
+
+    first: dict[tuple[str, str], int] = {}
+    for n in range(1, limit + 1):
+        first.setdefault((prefill_class(n, num_v_heads), decode_class(n, num_v_heads)), n)
+    return tuple(sorted(first.values()))

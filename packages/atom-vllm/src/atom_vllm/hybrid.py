@@ -200,14 +200,13 @@ class _LinearAttentionState(nn.Module):
 
         metadata = get_forward_context().attn_metadata
         md = metadata.get(self.prefix) if isinstance(metadata, dict) else None
-        conv, ssm = self.kv_cache[0], self.kv_cache[1]
-        if md is None or md.num_actual_tokens == 0:
+        conv, ssm = self._pools()
+        if md is None or md.num_actual_tokens == 0:  # the layer warms its kernels up on pools laid out as these
             return LinearAttentionStep(conv_state=conv, ssm_state=ssm, ssm_layout=self.ssm_layout)
         if compat.gdn_prefill_checkpoint(md) is not None:  # mid-prefill state checkpoints (prefix caching)
             raise UnsupportedConfigError(f"{self.prefix}: vLLM asked for mid-prefill state checkpoints, which ATOM's "
                                          "GDN kernels do not write; run without prefix caching")
-        step = LinearAttentionStep(conv_state=conv if self._conv_dim_first else conv.transpose(-1, -2),
-                                   ssm_state=ssm, ssm_layout=self.ssm_layout)
+        step = LinearAttentionStep(conv_state=conv, ssm_state=ssm, ssm_layout=self.ssm_layout)
         slots = md.non_spec_state_indices_tensor  # [requests]: decodes first, then prefills (then padding)
         nd, npf = md.num_decodes, md.num_prefills
         if md.num_spec_decodes:  # then no plain decodes (vLLM runs them as prefills)
@@ -221,6 +220,15 @@ class _LinearAttentionState(nn.Module):
             step.prefill_slots = slots[nd : nd + npf]
             step.prefill_has_initial_state = md.has_initial_state[nd : nd + npf]
         return step
+
+    def _pools(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(conv [slots, dim, taps], ssm [slots, HV, V, K])``: vLLM's bound blocks as atom-core reads them, or,
+        before vLLM binds them (its profiling run), empty pools of the same layout."""
+        conv, ssm = self.kv_cache[0], self.kv_cache[1]
+        if conv.dim() == 1 and conv.numel() == 0:
+            conv = torch.empty(0, *self._shapes[0], dtype=self._dtypes[0])
+            ssm = torch.empty(0, *self._shapes[1], dtype=self._dtypes[1])
+        return (conv if self._conv_dim_first else conv.transpose(-1, -2)), ssm
 
     @staticmethod
     def _speculative_part(md, step: LinearAttentionStep) -> None:

@@ -43,6 +43,7 @@ from atom_kernels import (
     fused_recurrent_gated_delta_rule,
     rms_norm_gated,
 )
+from atom_kernels.gdn import warm_up_sequence_counts
 
 # fused projection -> its shards in the order a rank holds them, with their size per key head in units of
 # the layer's dims (K: key head dim, V: value head dim, G: value heads per key head).
@@ -265,7 +266,8 @@ class GatedDeltaNet(nn.Module):
     def _mix(self, qkv: torch.Tensor, ba: torch.Tensor, step: LinearAttentionStep) -> torch.Tensor:
         T = qkv.shape[0]
         Hl, HVl, K, V = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
-        if not (step.num_decode_tokens or step.num_prefill_tokens):  # e.g. a host's warm-up, before states are bound
+        if not (step.num_decode_tokens or step.num_prefill_tokens):  # a host's warm-up, e.g. before states are bound
+            self._warm_up(qkv, ba, step)
             return qkv.new_zeros(T, HVl, V)
         b, a = ba[:, :HVl], ba[:, HVl:]
         mixed = self._conv(qkv, step)
@@ -273,6 +275,38 @@ class GatedDeltaNet(nn.Module):
         k = mixed[:, Hl * K : 2 * Hl * K].view(T, Hl, K)
         v = mixed[:, 2 * Hl * K :].view(T, HVl, V)
         return self._core(q, k, v, a, b, step)
+
+    def _warm_up(self, qkv: torch.Tensor, ba: torch.Tensor, step: LinearAttentionStep) -> None:
+        """Once per process and layer shape: one step of ``n`` decode and ``n`` prefill sequences for each ``n`` of
+        :func:`~atom_kernels.gdn.warm_up_sequence_counts`, on scratch pools laid out as ``step``'s (which may have
+        no rows yet) and inputs laid out as ``qkv`` / ``ba``, so the GDN kernels compile while the host warms up,
+        not on a request.  Skipped when the pools' layout is unknown (not ``[slots, ...]`` tensors), where the
+        kernels' torch references run, while tracing and inside CUDA-graph capture."""
+        conv, ssm, device = step.conv_state, step.ssm_state, qkv.device
+        if conv.dim() != 3 or ssm.dim() != 4 or torch.compiler.is_compiling():
+            return
+        if chunk_gated_delta_rule.plan(device.type)[0] == "reference":  # no compiled kernels to warm (CPU)
+            return
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return
+        key = (device, qkv.dtype, qkv.stride(), ba.stride(), step.ssm_layout,
+               *((tuple(pool.shape[1:]), _stride_order(pool), pool.dtype) for pool in (conv, ssm)))
+        if key in _WARMED:
+            return
+        _WARMED.add(key)
+        conv_pool, ssm_pool = _scratch_like(conv, 2, device), _scratch_like(ssm, 2, device)
+        gen = torch.Generator(device).manual_seed(0)
+        for n in warm_up_sequence_counts(self.num_v_heads):
+            slots = torch.arange(2 * n, device=device, dtype=torch.int32) % 2  # two scratch rows, shared
+            prefill_tokens = PREFILL_WARM_UP_TOKENS * n
+            warm = LinearAttentionStep(
+                conv_state=conv_pool, ssm_state=ssm_pool, ssm_layout=step.ssm_layout,
+                num_decode_tokens=n, decode_slots=slots[:n],
+                num_prefill_tokens=prefill_tokens, prefill_slots=slots[n:], prefill_has_initial_state=slots[n:] == 1,
+                prefill_cu_seqlens=torch.arange(0, prefill_tokens + 1, PREFILL_WARM_UP_TOKENS, device=device,
+                                                dtype=torch.int32))
+            T = n + prefill_tokens
+            self._mix(_random_rows_like(qkv, T, gen), _random_rows_like(ba, T, gen), warm)
 
     # ----------------------------------------------------------------------------------- parts
     def _conv(self, x: torch.Tensor, step: LinearAttentionStep) -> torch.Tensor:
@@ -304,6 +338,27 @@ class GatedDeltaNet(nn.Module):
                                           step.prefill_slots, step.prefill_has_initial_state, state_layout=step.ssm_layout)
 
         return _by_phase(step, q.shape[0], (self.num_v_heads, self.head_v_dim), v, decode=decode, prefill=prefill)
+
+
+# layer-shape keys (see GatedDeltaNet._warm_up) whose kernels this process has compiled
+_WARMED: set[tuple] = set()
+PREFILL_WARM_UP_TOKENS = 3  # per prefill sequence of a warm-up step: sizes are not specialized, any will do
+
+
+def _stride_order(pool: torch.Tensor) -> tuple[int, ...]:
+    """The dims of ``pool`` from outermost to innermost in memory (by stride; ties keep dim order)."""
+    return tuple(sorted(range(pool.dim()), key=lambda d: -pool.stride(d)))
+
+
+def _random_rows_like(x: torch.Tensor, rows: int, gen: torch.Generator) -> torch.Tensor:
+    """Random ``[rows, x.shape[1]]`` with ``x``'s row stride (a slice of a wider projection output, say)."""
+    width = max(x.stride(0), x.shape[1])
+    return torch.randn(rows, width, generator=gen, device=x.device).to(x.dtype)[:, : x.shape[1]]
+
+
+def _scratch_like(pool: torch.Tensor, rows: int, device: torch.device) -> torch.Tensor:
+    """Zeros ``[rows, *pool.shape[1:]]`` on ``device`` with ``pool``'s dims in the same memory order."""
+    return torch.empty_permuted((rows, *pool.shape[1:]), _stride_order(pool), dtype=pool.dtype, device=device).zero_()
 
 
 def _by_phase(step: LinearAttentionStep, num_tokens: int, row_shape: tuple[int, ...], like: torch.Tensor, *, decode, prefill):
