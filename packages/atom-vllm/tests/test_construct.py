@@ -180,6 +180,33 @@ def test_linear_attention_op_splits_the_graph_where_attention_ops_do():
         assert config.compilation_config.splitting_ops == want
 
 
+@pytest.mark.parametrize("dim_first", [False, True])
+def test_linear_attention_pools_have_vllms_layout_before_binding(monkeypatch, dim_first):
+    """vLLM's profiling run comes before it binds the state blocks: the layer's step then gives empty pools laid out
+    as the bound ones will be (atom-core's GDN layer warms its kernels up on scratch pools of that layout)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from atom_vllm import hybrid
+
+    monkeypatch.setattr(compat, "conv_state_dim_first", lambda: dim_first)
+    shapes = hybrid.vllm_layout((24, 3), (4, 16, 8))
+    config = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={}))
+    state = hybrid._LinearAttentionState(config, "model.layers.0.linear_attn", shapes, (torch.bfloat16, torch.float32),
+                                         mix=None, row_shape=(4, 8))
+    before = state._pools()
+    state.kv_cache = (torch.zeros(5, *shapes[0], dtype=torch.bfloat16), torch.zeros(5, *shapes[1]))
+    bound = state._pools()
+    assert [tuple(p.shape[1:]) for p in before] == [tuple(p.shape[1:]) for p in bound] == [(24, 3), (4, 8, 16)]
+    assert [p.shape[0] for p in before] == [0, 0] and [p.dtype for p in before] == [p.dtype for p in bound]
+    def memory_order(t):
+        return sorted(range(t.dim()), key=lambda d: -t.stride(d))
+
+    assert [memory_order(p) for p in before] == [memory_order(p) for p in bound]
+    assert bound[0].stride(1) == (3 if dim_first else 1)  # vLLM's default keeps a block's taps outermost
+
+
 def test_hybrid_classes_compile_only_when_asked(monkeypatch):
     """vLLM compiles ATOM's text-only classes; the hybrid ones only with ATOM_VLLM_COMPILE_HYBRID on (their GPU
     agreement is not yet explained), the multimodal ones never."""
