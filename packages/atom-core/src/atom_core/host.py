@@ -238,6 +238,11 @@ class LinearAttentionStep:
     in its slot (a chunk of a longer prompt, a cached prefix) or starts from zero.  Every prefill
     sequence's final states are written to its slot.
 
+    **A step without tokens** (both parts empty) is a host's warm-up or profiling run: the layer outputs
+    zeros, touches no state, and the first time warms its kernels up on scratch pools laid out as
+    ``conv_state`` / ``ssm_state``, which may have no slots yet (a host that binds its pools later gives empty
+    ``[0, ...]`` tensors of the pools' layout; other tensors skip the warm-up).
+
     Index tensors live on the model's device.  Nothing here needs a host sync, so a host may build the
     step for CUDA-graph capture (a decode-only batch padded with negative slots).
     """
