@@ -20,6 +20,9 @@ def test_summarize_states_median_and_spread():
     assert row["tpot_ms"]["median"] == round((2.0 - 0.1) / 10 * 1e3, 2)
     assert row["ttft_ms"] == {"median": 100.0, "min": 100.0, "max": 100.0, "samples": [100.0] * 3}
     assert row["triton_compiles"] == [3, 2, 1]  # per repeat, in run order
+    assert "compiled" not in row  # no kernel named: the key is left out
+    runs[1]["compiled"] = [{"kernel": "_out_kernel", "aligned": ["q_ptr"]}]
+    assert summarize(runs, 4, output_len=11)["compiled"] == [[], [{"kernel": "_out_kernel", "aligned": ["q_ptr"]}], []]
 
 
 def test_agreement_counts_divergence_and_compares_logprobs_only_on_shared_tokens():
@@ -85,6 +88,9 @@ class FakeEngine:
 
     def triton_compiles(self):
         return 0
+
+    def new_compiles(self):
+        return []
 
     def request(self, op, **kw):
         if op == "agreement":
@@ -208,3 +214,27 @@ def test_random_prompts_of_a_multimodal_checkpoint_stay_below_its_placeholder_id
     assert len(prompts) == AGREEMENT_PROMPTS and max(max(p) for p in prompts) < 248053
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))  # a text model's
     assert driver.checkpoint_prompt_vocab(tmp_path) == 151936
+
+
+def test_attention_backends_names_backend_classes_and_encoder_enum_members():
+    """vLLM's decoder attention layers hold a backend class; its vision-encoder attention (Qwen3.5's own class) an
+    ``AttentionBackendEnum`` member, which has no ``get_name`` (the H100 run of 2026-12-07 died on it)."""
+    import enum
+
+    from torch import nn
+
+    class FlashAttentionBackend:
+        @staticmethod
+        def get_name():
+            return "FLASH_ATTN"
+
+    class Backends(enum.Enum):
+        TORCH_SDPA = "sdpa"
+
+    class Layer(nn.Module):
+        def __init__(self, backend):
+            super().__init__()
+            self.attn_backend = backend
+
+    model = nn.Sequential(Layer(FlashAttentionBackend), Layer(Backends.TORCH_SDPA), Layer(FlashAttentionBackend))
+    assert bench.attention_backends(model) == ["FLASH_ATTN", "TORCH_SDPA"]

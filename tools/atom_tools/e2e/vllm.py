@@ -88,8 +88,12 @@ def model_module(model) -> str:
 
 
 def attention_backends(model) -> list[str]:
-    """Run in vLLM's worker: the names of the attention backends the model's attention layers were built with."""
-    return sorted({m.attn_backend.get_name() for m in model.modules() if hasattr(m, "attn_backend")})
+    """Run in vLLM's worker: the names of the attention backends the model's attention layers were built with (a
+    backend class, or, on vLLM's vision-encoder attention, an ``AttentionBackendEnum`` member)."""
+    def name(backend) -> str:
+        return backend.get_name() if hasattr(backend, "get_name") else getattr(backend, "name", str(backend))
+
+    return sorted({name(m.attn_backend) for m in model.modules() if hasattr(m, "attn_backend")})
 
 
 def engine_name(impl: str, backend: str) -> str:
@@ -212,6 +216,10 @@ class EngineProcess:
         """Kernels Triton has compiled in this engine so far (entries of its cache)."""
         return self.compiles.count()
 
+    def new_compiles(self) -> list[dict]:
+        """The kernels Triton compiled since the last call, described (:mod:`atom_tools.e2e.triton_cache`)."""
+        return self.compiles.new()
+
     def request(self, op: str, **kw):
         self.process.stdin.write(json.dumps({"op": op, **kw}) + "\n")
         self.process.stdin.flush()
@@ -330,12 +338,12 @@ def timed_runs(engines: list[EngineProcess], batches: list[int], args: argparse.
             for engine in engines if rep % 2 == 0 else engines[::-1]:
                 seed = 100 * batch + 2 * rep  # fresh prompts every run, so the prefix cache never hits
                 compiled = engine.triton_compiles()
-                engine.compiles.new()
+                engine.new_compiles()
                 ttft = engine.request("timed", batch=batch, prompt_len=plen, max_tokens=1, seed=seed)
                 total = engine.request("timed", batch=batch, prompt_len=plen, max_tokens=olen, seed=seed + 1)
                 runs[engine.impl].append({"batch": batch, "repeat": rep, "ttft_s": ttft, "total_s": total,
                                           "triton_compiles": engine.triton_compiles() - compiled,
-                                          "compiled": engine.compiles.new()})
+                                          "compiled": engine.new_compiles()})
     return runs
 
 
