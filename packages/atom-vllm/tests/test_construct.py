@@ -180,6 +180,27 @@ def test_linear_attention_op_splits_the_graph_where_attention_ops_do():
         assert config.compilation_config.splitting_ops == want
 
 
+def test_linear_attention_op_writes_into_the_output_the_graph_allocated(monkeypatch):
+    """vLLM replays piecewise CUDA graphs at the addresses seen at capture, so the op at a split point must leave its
+    result in a tensor the traced graph allocated before it (a mutated argument, as vLLM's own GDN core op and
+    attention ops take theirs), not return a fresh one the next piece would never read."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from atom_vllm import hybrid  # noqa: F401  (registers the op)
+
+    schema = torch.ops.atom_vllm.linear_attention.default._schema
+    (out_arg,) = [a for a in schema.arguments if a.name == "out"]
+    assert out_arg.alias_info is not None and out_arg.alias_info.is_write and not schema.returns
+    layer = SimpleNamespace(mix_step=lambda qkv, ba: qkv * 2 + ba)
+    monkeypatch.setattr("vllm.forward_context.get_forward_context",
+                        lambda: SimpleNamespace(no_compile_layers={"model.layers.0.linear_attn": layer}))
+    qkv, ba, out = torch.randn(5, 3), torch.randn(5, 3), torch.zeros(5, 3)
+    torch.ops.atom_vllm.linear_attention([qkv, ba], out, "model.layers.0.linear_attn")
+    torch.testing.assert_close(out, qkv * 2 + ba)
+
+
 @pytest.mark.parametrize("dim_first", [False, True])
 def test_linear_attention_pools_have_vllms_layout_before_binding(monkeypatch, dim_first):
     """vLLM's profiling run comes before it binds the state blocks: the layer's step then gives empty pools laid out

@@ -25,7 +25,8 @@ first, then packed prefills; state indices; ``has_initial_state``; ``query_start
 Under torch.compile the layer's state part (its ``mix``: the conv and the delta rule, which read that metadata in
 Python) is one opaque op, ``atom_vllm::linear_attention``, that looks the layer up in vLLM's forward context by
 name, as vLLM's own GDN core op does; wherever vLLM splits its graph at its attention ops (piecewise CUDA graphs)
-it splits at this op too, so the op runs outside the captured pieces, with each step's metadata.
+it splits at this op too, so the op runs outside the captured pieces, with each step's metadata, and writes its
+result into an output the traced graph allocated before it (the next piece reads it at its captured address).
 
 Speculative decoding (``--speculative-config``, e.g. Qwen3-Next's MTP drafts) follows vLLM's own GDN layers:
 the conv state is a rolling buffer ``width - 1 + num_speculative_tokens`` wide and each sequence has
@@ -57,17 +58,22 @@ StateShapes = tuple[tuple[int, ...], tuple[int, ...]]
 _LIBRARY = torch.library.Library("atom_vllm", "FRAGMENT")
 
 
-def _linear_attention_fake(inputs: list[torch.Tensor], row_shape: list[int], layer_name: str) -> torch.Tensor:
-    return inputs[0].new_empty((inputs[0].shape[0], *row_shape))
+def _linear_attention_fake(inputs: list[torch.Tensor], out: torch.Tensor, layer_name: str) -> None:
+    return None
 
 
-def _linear_attention_impl(inputs, row_shape, layer_name):
+def _linear_attention_impl(inputs, out, layer_name) -> None:
     from vllm.forward_context import get_forward_context
 
-    return get_forward_context().no_compile_layers[layer_name].mix_step(*inputs)
+    out.copy_(get_forward_context().no_compile_layers[layer_name].mix_step(*inputs))
 
 
-_linear_attention = define("linear_attention", _linear_attention_fake, _linear_attention_impl, library=_LIBRARY)
+# Writes into ``out``, which the traced graph allocates before the op: vLLM replays its piecewise CUDA graphs with
+# the addresses seen at capture, so the piece after this split point reads the op's result from where ``out`` was
+# then (a fresh tensor returned from outside the pieces would be read from a stale address). vLLM's own GDN core
+# op and attention ops take their outputs the same way.
+_linear_attention = define("linear_attention", _linear_attention_fake, _linear_attention_impl, mutates_args=("out",),
+                           library=_LIBRARY)
 LINEAR_ATTENTION_OP = "atom_vllm::linear_attention"
 
 
@@ -187,7 +193,9 @@ class _LinearAttentionState(nn.Module):
     def run(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The layer's ``mix`` over this step; while Dynamo traces, as the opaque op (see the module doc)."""
         if torch.compiler.is_compiling():
-            return _linear_attention(list(inputs), self._row_shape, self.prefix)
+            out = inputs[0].new_empty((inputs[0].shape[0], *self._row_shape))
+            _linear_attention(list(inputs), out, self.prefix)
+            return out
         return self.mix_step(*inputs)
 
     def mix_step(self, *inputs: torch.Tensor) -> torch.Tensor:
