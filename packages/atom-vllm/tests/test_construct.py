@@ -230,7 +230,7 @@ def test_linear_attention_pools_have_vllms_layout_before_binding(monkeypatch, di
 
 def test_hybrid_classes_compile_only_when_asked(monkeypatch):
     """vLLM compiles ATOM's text-only classes; the hybrid ones only with ATOM_VLLM_COMPILE_HYBRID on (their GPU
-    agreement is not yet explained), the multimodal ones never."""
+    agreement since the split-point fix is not yet measured), the multimodal ones never."""
     from atom_vllm.compilation import COMPILE_HYBRID_ENV, compiles
 
     hybrid, dense, multimodal = (catalog.get(a) for a in ("Qwen3NextForCausalLM", "Qwen3ForCausalLM",

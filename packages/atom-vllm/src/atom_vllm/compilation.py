@@ -10,8 +10,8 @@ The decorator goes on the generated wrapper class itself (its ``forward`` is the
 Transformers backend does with the classes it wraps.  Text-only architectures get it.  Hybrid ones get it with
 ``ATOM_VLLM_COMPILE_HYBRID=1``: their GDN layers read vLLM's mamba metadata in Python, inside one opaque op per
 layer at which vLLM splits the graph (:mod:`atom_vllm.hybrid`); compiled = eager tokens on the CPU, faster on a GPU
-(docs/vllm.md), but its bf16 agreement with vLLM's own class is not yet explained, so by default they run eagerly
-between full-model CUDA graphs.  Multimodal ones are left out
+(docs/vllm.md), but not yet shown right on a GPU since its split-point output was fixed, so by default they run
+eagerly between full-model CUDA graphs.  Multimodal ones are left out
 because their forward (deepstack inputs, MRoPE positions) has not been traced and checked yet.
 """
 
