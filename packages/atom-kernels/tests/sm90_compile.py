@@ -253,14 +253,16 @@ def pdl_cases():
 
 
 ALIGN_COUNT_SIG = {"topk_ids_ptr": "*i32", "map_ptr": "*i32", "local_ptr": "*i32", "rank_ptr": "*i32",
-                   "counts_ptr": "*i32", "num_pairs": "i32", "num_experts": "i32", "HAS_MAP": "constexpr",
-                   "PAIR_TILE": "constexpr", "CHUNK_TILES": "constexpr", "EXPERTS_P2": "constexpr", "PDL": "constexpr"}
+                   "counts_ptr": "*i32", "num_pairs": "i32", "num_experts": "i32", "chunk_tiles": "i32",
+                   "HAS_MAP": "constexpr", "PAIR_TILE": "constexpr", "EXPERTS_P2": "constexpr", "USE_WHILE": "constexpr",
+                   "PDL": "constexpr"}
 ALIGN_PREFIX_SIG = {"counts_ptr": "*i32", "totals_ptr": "*i32", "num_chunks": "i32", "CHUNK_STEP": "constexpr",
-                    "STEPS": "constexpr", "EXPERT_BLOCK": "constexpr", "EXPERTS_P2": "constexpr", "PDL": "constexpr"}
+                    "EXPERT_BLOCK": "constexpr", "EXPERTS_P2": "constexpr", "USE_WHILE": "constexpr", "PDL": "constexpr"}
 ALIGN_PLACE_SIG = {"local_ptr": "*i32", "rank_ptr": "*i32", "counts_ptr": "*i32", "totals_ptr": "*i32",
                    "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32",
-                   "num_blocks": "i32", "num_tiles": "i32", "PAIR_TILE": "constexpr", "CHUNK_TILES": "constexpr",
-                   "EXPERTS_P2": "constexpr", "BLOCK_M": "constexpr", "ROWS": "constexpr", "PDL": "constexpr"}
+                   "num_blocks": "i32", "num_tiles": "i32", "chunk_tiles": "i32", "PAIR_TILE": "constexpr",
+                   "EXPERTS_P2": "constexpr", "BLOCK_M": "constexpr", "ROWS": "constexpr", "USE_WHILE": "constexpr",
+                   "PDL": "constexpr"}
 ALIGN_SINGLE_SIG = {"topk_ids_ptr": "*i32", "map_ptr": "*i32", "sorted_ptr": "*i32", "block_experts_ptr": "*i32",
                     "num_padded_ptr": "*i32", "num_pairs": "i32", "num_experts": "i32", "num_blocks": "i32",
                     "HAS_MAP": "constexpr", "PAIR_TILE": "constexpr", "CHUNK_TILES": "constexpr",
@@ -270,7 +272,8 @@ ALIGN_EXPERTS = (8, 16, 32, 64, 128, 256, 512)
 
 def moe_align_cases():
     """The MoE alignment kernels with the tiles ``moe_align.triton.plan`` picks for 65536 tokens x top-10 (the
-    multi-chunk path) and 256 pairs (the single launch), per expert count, launched with PDL as on sm_90."""
+    multi-chunk path, whose constexprs are the same at every token count) and 256 pairs (the single launch), per
+    expert count, launched with PDL as on sm_90."""
     from atom_kernels.ops.moe_align.triton import (
         _align_count_kernel,
         _align_place_kernel,
@@ -282,14 +285,14 @@ def moe_align_cases():
     for experts in ALIGN_EXPERTS:
         for block_m in (16, 128):
             p = plan(65536 * 10, experts, block_m)
-            tiles = dict(PAIR_TILE=p.pair_tile, CHUNK_TILES=p.chunk_tiles, EXPERTS_P2=p.experts_p2, PDL=True)
+            tiles = dict(PAIR_TILE=p.pair_tile, EXPERTS_P2=p.experts_p2, USE_WHILE=False, PDL=True)
             if block_m == 16:
                 yield f"moe_align_count_e{experts}", (lambda c=dict(tiles, HAS_MAP=True), w=p.num_warps: compile_sm90(
                     _align_count_kernel, ALIGN_COUNT_SIG, c, [], w, launch_pdl=True))
                 yield f"moe_align_prefix_e{experts}", (lambda p=p: compile_sm90(
-                    _align_prefix_kernel, ALIGN_PREFIX_SIG, dict(CHUNK_STEP=p.chunk_step, STEPS=p.prefix_steps,
-                                                                 EXPERT_BLOCK=p.expert_block, EXPERTS_P2=p.experts_p2,
-                                                                 PDL=True), [], 4, launch_pdl=True))
+                    _align_prefix_kernel, ALIGN_PREFIX_SIG, dict(CHUNK_STEP=p.chunk_step, EXPERT_BLOCK=p.expert_block,
+                                                                 EXPERTS_P2=p.experts_p2, USE_WHILE=False, PDL=True),
+                    [], 4, launch_pdl=True))
             yield f"moe_align_place_e{experts}_m{block_m}", (lambda c=dict(tiles, BLOCK_M=block_m, ROWS=p.rows),
                                                              w=p.num_warps: compile_sm90(_align_place_kernel,
                                                                                          ALIGN_PLACE_SIG, c, [], w,

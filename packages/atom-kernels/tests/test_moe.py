@@ -178,7 +178,7 @@ def test_moe_align_plan_tiles_are_bounded_at_every_size():
     kernels held the whole [chunks, experts] count table.)"""
     from atom_kernels.ops.moe_align import triton as align
 
-    worst = {}
+    worst, multi_shapes = {}, {}
     for tokens, top_k, experts, block_m in itertools.product(HOST_TOKENS, HOST_TOP_K, HOST_EXPERTS, HOST_BLOCK_M):
         pairs = tokens * top_k
         p = align.plan(pairs, experts, block_m)
@@ -196,6 +196,9 @@ def test_moe_align_plan_tiles_are_bounded_at_every_size():
             assert p.chunks <= align.MAX_CHUNKS
             assert p.prefix_programs * p.expert_block == p.experts_p2
             assert p.prefix_steps * p.chunk_step >= p.chunks
+            # the constexprs and warps of the three kernels: the same at every token count
+            shapes = (p.pair_tile, p.experts_p2, p.expert_block, p.chunk_step, p.rows, p.num_warps)
+            assert multi_shapes.setdefault((experts, block_m), shapes) == shapes, (tokens, top_k, experts, block_m)
         key = (experts, block_m)
         worst[key] = max(worst.get(key, 0), p.max_tile_entries)
     # 16384 tokens x top-8 x 128 experts, the size that failed in vLLM's profile run
@@ -221,6 +224,10 @@ def _check_align(rng, device, tokens, top_k, experts, block_m, with_map):
     (1040, 8, 128, 16, False),  # 65 chunks: the prefix kernel's loop takes 2 steps, its grid 2 expert blocks
     (289, 8, 512, 32, False),  # 73 chunks of 32-pair tiles, 8 expert blocks
     (301, 8, 512, 64, True),  # 256 local experts of 512: a third of the pairs left out
+    (33, 8, 128, 16, False),  # 264 pairs, just past the single launch: 3 chunks in one prefix step of 64
+    (257, 1, 8, 16, True),  # one pair past the single launch: 1 chunk
+    (16384, 8, 128, 16, False),  # vLLM's batched-token budget at top-8: 1024 chunks, 16 prefix steps
+    (16384, 8, 512, 16, True),  # 256 local experts: 2 one-hot tiles per chunk
 ])
 def test_moe_align_many_chunks(device, rng, tokens, top_k, experts, block_m, with_map):
     """The multi-chunk path with its real tiles at sizes the interpreter runs in seconds."""
@@ -244,6 +251,32 @@ def test_moe_align_chunk_loops(rng, monkeypatch, tokens, top_k, experts, block_m
     p = align.plan(tokens * top_k, experts // 2 if with_map else experts, block_m)
     assert p.chunk_tiles > 1 and p.prefix_steps > 1 and p.tiles > 1
     _check_align(rng, torch.device("cpu"), tokens, top_k, experts, block_m, with_map)
+
+
+@pytest.mark.parametrize("experts", [128, 256, 512])
+def test_moe_align_multi_chunk_compiles_once(monkeypatch, experts):
+    """The multi-chunk path launches one variant of each kernel whatever the token count (per expert count, block_m
+    and map): the chunk loop and the prefix sum's steps take their trip counts at run time, so a serving batch of a
+    new size compiles nothing (qwen3-30b-a3b at batch 64 compiled ``_align_prefix_kernel`` mid-run on an H100)."""
+    from atom_kernels.compile_keys import recording
+    from atom_kernels.dispatch import ENV_OVERRIDE, triton_interpreting
+    from atom_kernels.ops.moe_align import triton as align
+
+    if not triton_interpreting():
+        pytest.skip("records the launches Triton's interpreter runs (CPU)")
+    monkeypatch.setenv(ENV_OVERRIDE, "triton")
+    gen = torch.Generator().manual_seed(0)
+    pairs = sorted({align.SINGLE_CHUNK_PAIRS + 1, 264, 300, 513, 1000, 4096, 8191, 8200, 33 * 1024, 65536 + 8,
+                    16384 * 8 - 8, 16384 * 8, 16384 * 8 + 8, 32768 * 8, 65536 * 10})
+    plans = {align.plan(n, experts, 16) for n in pairs}
+    assert all(not p.single for p in plans)
+    with recording(launch=False) as keys:
+        for n in pairs:
+            top_k = 8 if n % 8 == 0 else 1
+            ids = torch.randint(0, experts, (n // top_k, top_k), generator=gen, dtype=torch.int32)
+            moe_align_block_size(ids, experts, 16)
+    kernels = ("_align_count_kernel", "_align_prefix_kernel", "_align_place_kernel")
+    assert {k: len(keys[k]) for k in kernels} == dict.fromkeys(kernels, 1), {k: sorted(keys[k]) for k in kernels}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

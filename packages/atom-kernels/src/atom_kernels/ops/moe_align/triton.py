@@ -1,5 +1,10 @@
-"""Triton alignment, no host sync, no loops over runtime bounds (Triton's CPU interpreter cannot run
-those with NumPy 2.4: every loop here has a constexpr trip count, every other repetition is a grid dimension).
+"""Triton alignment, no host sync.
+
+On the multi-chunk path the launch's constexprs depend on the expert count and ``block_m`` only, never on the pairs:
+a loop whose length follows the pairs (one-hot tiles per chunk, steps of the prefix sum) takes its trip count at run
+time, so a batch of a new size compiles nothing in the middle of serving.  Such loops are ``while`` loops under
+Triton's CPU interpreter (``USE_WHILE``: it cannot run a ``for`` over a runtime bound with NumPy 2.4, see
+``_triton_common``) and ``for`` loops on the GPU.
 
 Each program holds 2-D tiles of at most ``MAX_TILE_ENTRIES`` entries whatever the token count (:func:`plan`): the
 pairs are ranked through one-hot ``[pair_tile, experts]`` tiles, ``pair_tile`` chosen from the experts alone, and a
@@ -13,8 +18,8 @@ program 0 also ranks the pairs and writes each to its row.  Larger ones take thr
 1. ``count`` (a program per chunk of ``chunk_tiles`` one-hot tiles): the local expert of each pair, its rank among
    the chunk's pairs of the same expert, and the chunk's per-expert counts (a row of the ``[chunks, experts]``
    table; at most ``MAX_CHUNKS`` chunks: the chunk grows by whole tiles with the pairs);
-2. ``prefix`` (a program per block of experts): the exclusive prefix sum of the table over chunks, in place, and
-   each expert's total;
+2. ``prefix`` (a program per block of experts): the exclusive prefix sum of the table over chunks, in place, a
+   fixed ``[chunk_step, expert_block]`` tile at a time, and each expert's total;
 3. ``place`` (a program per tile of rows, then one per chunk): from the totals, each expert's padded run; a row tile
    writes the block -> expert table and the sentinel in each of its padding rows, a chunk writes each of its pairs to
    ``run start + earlier chunks' count + rank`` (the two sets of rows are disjoint, so no order between them).
@@ -29,6 +34,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.ops._pdl import pdl_keywords, start_dependent
+from atom_kernels.ops._triton_common import use_while
 from atom_kernels.ops.moe_align import max_blocks
 from atom_kernels.ops.moe_align.reference import check_args
 
@@ -49,7 +55,9 @@ PREFIX_EXPERTS = 64  # experts per prefix program at most
 @dataclass(frozen=True)
 class Plan:
     """The launch configuration of one alignment: a function of ``(num_pairs, num_experts, block_m)`` only, with
-    every tile a program holds bounded whatever the number of pairs."""
+    every tile a program holds bounded whatever the number of pairs.  On the multi-chunk path only ``chunk_tiles``,
+    ``chunks``, ``tiles`` (runtime arguments and grid sizes) depend on the pairs; the tile shapes and warps (the
+    kernels' constexprs and compile options) depend on ``(num_experts, block_m)`` alone."""
 
     num_pairs: int
     num_experts: int
@@ -57,10 +65,10 @@ class Plan:
     experts_p2: int
     single: bool  # one launch (decode)
     pair_tile: int  # pairs per one-hot [pair_tile, experts_p2] tile
-    chunk_tiles: int  # one-hot tiles per count/scatter program (a loop with a constexpr trip count)
+    chunk_tiles: int  # one-hot tiles per count/scatter program (constexpr on the single-launch path, else runtime)
     chunks: int  # count/scatter programs (1 on the single-launch path)
     expert_block: int  # experts per prefix program (0 on the single-launch path)
-    chunk_step: int  # chunks per step of a prefix program's loop (0 on the single-launch path)
+    chunk_step: int  # chunks per step of a prefix program's loop, fixed per expert_block (0 on the single path)
     rows: int  # rows per layout program
     tiles: int  # layout programs
     num_warps: int  # of the count and place kernels
@@ -71,16 +79,13 @@ class Plan:
         return self.pair_tile * self.chunk_tiles
 
     @property
-    def chunks_p2(self) -> int:
-        return triton.next_power_of_2(self.chunks)
-
-    @property
     def prefix_programs(self) -> int:
         return self.experts_p2 // self.expert_block if self.expert_block else 0
 
     @property
     def prefix_steps(self) -> int:
-        return self.chunks_p2 // self.chunk_step if self.chunk_step else 0
+        """Steps of a prefix program's loop (the kernel computes them from ``chunks``)."""
+        return triton.cdiv(self.chunks, self.chunk_step) if self.chunk_step else 0
 
     @property
     def tile_entries(self) -> dict:
@@ -116,10 +121,13 @@ def plan(num_pairs: int, num_experts: int, block_m: int) -> Plan:
         pair_tile = min(pairs_p2, by_tile)
         return Plan(num_pairs, num_experts, block_m, experts_p2, True, pair_tile, pairs_p2 // pair_tile, 1, 0, 0,
                     rows, tiles, 4)
-    chunk_tiles = triton.next_power_of_2(triton.cdiv(triton.cdiv(num_pairs, by_tile), MAX_CHUNKS))
+    # the fewest tiles per program that keep the programs at MAX_CHUNKS at most (a runtime trip count: any number)
+    chunk_tiles = triton.cdiv(triton.cdiv(num_pairs, by_tile), MAX_CHUNKS)
     chunks = triton.cdiv(num_pairs, by_tile * chunk_tiles)
     expert_block = min(experts_p2, PREFIX_EXPERTS)
-    chunk_step = min(triton.next_power_of_2(chunks), max(1, PREFIX_TILE_ENTRIES // expert_block))
+    # the prefix tile is as large as the bound allows whatever the chunks (rows past the last chunk are masked): a
+    # constexpr shrunk to the chunks would compile a variant per power of two of them
+    chunk_step = max(1, PREFIX_TILE_ENTRIES // expert_block)
     # sm_90: a [128, 128] one-hot tile on 8 warps takes 64 KiB of shared memory and 255 registers, on 4 warps 2 KiB
     # and 168; tiles of more pairs spill on 4 warps ([1024, 16]: 104 bytes)
     num_warps = 8 if by_tile > 128 else 4
@@ -203,52 +211,93 @@ def _align_single_chunk_kernel(
             before += tl.sum(onehot, axis=0)
 
 
-@triton.jit(do_not_specialize=["num_pairs"])
+@triton.jit
+def _count_tile(topk_ids_ptr, map_ptr, local_ptr, rank_ptr, counts, tile, num_pairs, num_experts,
+                HAS_MAP: tl.constexpr, PAIR_TILE: tl.constexpr, EXPERTS_P2: tl.constexpr):
+    """One-hot tile ``tile``: each pair's local expert and rank (after ``counts`` earlier pairs of its expert) stored;
+    returns the counts with the tile's pairs added."""
+    offs = tile * PAIR_TILE + tl.arange(0, PAIR_TILE)
+    local = _local_ids(topk_ids_ptr, map_ptr, offs, num_pairs, num_experts, HAS_MAP)
+    onehot = _onehot(local, EXPERTS_P2)
+    tl.store(local_ptr + offs, local, mask=offs < num_pairs)
+    tl.store(rank_ptr + offs, _ranks(onehot, counts), mask=offs < num_pairs)
+    return counts + tl.sum(onehot, axis=0)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "chunk_tiles"])  # sizes: one compile for every token count
 def _align_count_kernel(
-    topk_ids_ptr, map_ptr, local_ptr, rank_ptr, counts_ptr, num_pairs, num_experts,
-    HAS_MAP: tl.constexpr, PAIR_TILE: tl.constexpr, CHUNK_TILES: tl.constexpr, EXPERTS_P2: tl.constexpr,
+    topk_ids_ptr, map_ptr, local_ptr, rank_ptr, counts_ptr, num_pairs, num_experts, chunk_tiles,
+    HAS_MAP: tl.constexpr, PAIR_TILE: tl.constexpr, EXPERTS_P2: tl.constexpr, USE_WHILE: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
     chunk = tl.program_id(0)
     counts = tl.zeros([EXPERTS_P2], dtype=tl.int32)
-    for t in range(CHUNK_TILES):
-        offs = (chunk * CHUNK_TILES + t) * PAIR_TILE + tl.arange(0, PAIR_TILE)
-        local = _local_ids(topk_ids_ptr, map_ptr, offs, num_pairs, num_experts, HAS_MAP)
-        onehot = _onehot(local, EXPERTS_P2)
-        tl.store(local_ptr + offs, local, mask=offs < num_pairs)
-        tl.store(rank_ptr + offs, _ranks(onehot, counts), mask=offs < num_pairs)
-        counts += tl.sum(onehot, axis=0)
+    if USE_WHILE:  # the CPU interpreter (see _triton_common)
+        t = 0
+        while t < chunk_tiles:
+            counts = _count_tile(topk_ids_ptr, map_ptr, local_ptr, rank_ptr, counts, chunk * chunk_tiles + t, num_pairs,
+                                 num_experts, HAS_MAP, PAIR_TILE, EXPERTS_P2)
+            t += 1
+    else:
+        for t in range(chunk_tiles):
+            counts = _count_tile(topk_ids_ptr, map_ptr, local_ptr, rank_ptr, counts, chunk * chunk_tiles + t, num_pairs,
+                                 num_experts, HAS_MAP, PAIR_TILE, EXPERTS_P2)
     tl.store(counts_ptr + chunk * EXPERTS_P2 + tl.arange(0, EXPERTS_P2), counts)
+
+
+@triton.jit
+def _prefix_step(counts_ptr, experts, above, step, num_chunks, CHUNK_STEP: tl.constexpr, EXPERTS_P2: tl.constexpr):
+    """Rows ``step * CHUNK_STEP ..`` of the count table's ``experts`` columns replaced by their exclusive prefix sum
+    after ``above``; returns ``above`` with the rows added."""
+    chunks = step * CHUNK_STEP + tl.arange(0, CHUNK_STEP)
+    ptrs = counts_ptr + chunks[:, None] * EXPERTS_P2 + experts[None, :]
+    keep = (chunks < num_chunks)[:, None]
+    table = tl.load(ptrs, mask=keep, other=0)
+    tl.store(ptrs, tl.cumsum(table, axis=0) - table + above[None, :], mask=keep)
+    return above + tl.sum(table, axis=0)
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
 def _align_prefix_kernel(
     counts_ptr, totals_ptr, num_chunks,
-    CHUNK_STEP: tl.constexpr, STEPS: tl.constexpr, EXPERT_BLOCK: tl.constexpr, EXPERTS_P2: tl.constexpr,
+    CHUNK_STEP: tl.constexpr, EXPERT_BLOCK: tl.constexpr, EXPERTS_P2: tl.constexpr, USE_WHILE: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """Over a block of experts' columns of the ``[chunks, experts]`` count table, CHUNK_STEP rows at a time: each
-    entry replaced by the sum of the entries above it (in place), and each column's sum."""
+    """Over a block of experts' columns of the ``[chunks, experts]`` count table, CHUNK_STEP rows at a time
+    (``cdiv(num_chunks, CHUNK_STEP)`` steps, the last masked past ``num_chunks``): each entry replaced by the sum of
+    the entries above it (in place), and each column's sum."""
     start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
     experts = tl.program_id(0) * EXPERT_BLOCK + tl.arange(0, EXPERT_BLOCK)
     above = tl.zeros([EXPERT_BLOCK], dtype=tl.int32)
-    for step in range(STEPS):
-        chunks = step * CHUNK_STEP + tl.arange(0, CHUNK_STEP)
-        ptrs = counts_ptr + chunks[:, None] * EXPERTS_P2 + experts[None, :]
-        keep = (chunks < num_chunks)[:, None]
-        table = tl.load(ptrs, mask=keep, other=0)
-        tl.store(ptrs, tl.cumsum(table, axis=0) - table + above[None, :], mask=keep)
-        above += tl.sum(table, axis=0)
+    if USE_WHILE:  # the CPU interpreter (see _triton_common)
+        step = 0
+        while step * CHUNK_STEP < num_chunks:
+            above = _prefix_step(counts_ptr, experts, above, step, num_chunks, CHUNK_STEP, EXPERTS_P2)
+            step += 1
+    else:
+        for step in range(tl.cdiv(num_chunks, CHUNK_STEP)):
+            above = _prefix_step(counts_ptr, experts, above, step, num_chunks, CHUNK_STEP, EXPERTS_P2)
     tl.store(totals_ptr + experts, above)
 
 
-@triton.jit(do_not_specialize=["num_pairs", "num_blocks", "num_tiles"])
+@triton.jit
+def _place_tile(local_ptr, rank_ptr, sorted_ptr, experts, base, tile, num_pairs, PAIR_TILE: tl.constexpr):
+    """Each pair of one-hot tile ``tile`` written to its row: ``base`` of its expert plus its rank."""
+    offs = tile * PAIR_TILE + tl.arange(0, PAIR_TILE)
+    local = tl.load(local_ptr + offs, mask=offs < num_pairs, other=-1)
+    keep = local >= 0
+    rank = tl.load(rank_ptr + offs, mask=keep, other=0)
+    dest = tl.sum(tl.where(experts[None, :] == local[:, None], base[None, :], 0), axis=1) + rank
+    tl.store(sorted_ptr + dest, offs, mask=keep)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks", "num_tiles", "chunk_tiles"])  # one compile for every size
 def _align_place_kernel(
     local_ptr, rank_ptr, counts_ptr, totals_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr,
-    num_pairs, num_blocks, num_tiles,
-    PAIR_TILE: tl.constexpr, CHUNK_TILES: tl.constexpr, EXPERTS_P2: tl.constexpr, BLOCK_M: tl.constexpr,
-    ROWS: tl.constexpr,
+    num_pairs, num_blocks, num_tiles, chunk_tiles,
+    PAIR_TILE: tl.constexpr, EXPERTS_P2: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
+    USE_WHILE: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     start_dependent(PDL)  # programmatic dependent launch (ops/_pdl.py)
@@ -264,13 +313,16 @@ def _align_place_kernel(
     else:
         chunk = pid - num_tiles
         base = start + tl.load(counts_ptr + chunk * EXPERTS_P2 + experts)  # the chunk's first row in each run
-        for t in range(CHUNK_TILES):
-            offs = (chunk * CHUNK_TILES + t) * PAIR_TILE + tl.arange(0, PAIR_TILE)
-            local = tl.load(local_ptr + offs, mask=offs < num_pairs, other=-1)
-            keep = local >= 0
-            rank = tl.load(rank_ptr + offs, mask=keep, other=0)
-            dest = tl.sum(tl.where(experts[None, :] == local[:, None], base[None, :], 0), axis=1) + rank
-            tl.store(sorted_ptr + dest, offs, mask=keep)
+        if USE_WHILE:  # the CPU interpreter (see _triton_common)
+            t = 0
+            while t < chunk_tiles:
+                _place_tile(local_ptr, rank_ptr, sorted_ptr, experts, base, chunk * chunk_tiles + t, num_pairs,
+                            PAIR_TILE)
+                t += 1
+        else:
+            for t in range(chunk_tiles):
+                _place_tile(local_ptr, rank_ptr, sorted_ptr, experts, base, chunk * chunk_tiles + t, num_pairs,
+                            PAIR_TILE)
 
 
 def moe_align_block_size(topk_ids, num_experts, block_m, expert_map=None):
@@ -301,18 +353,19 @@ def moe_align_block_size(topk_ids, num_experts, block_m, expert_map=None):
     rank = torch.empty((num_pairs,), dtype=torch.int32, device=device)
     counts = torch.empty((p.chunks, p.experts_p2), dtype=torch.int32, device=device)
     totals = torch.empty((p.experts_p2,), dtype=torch.int32, device=device)
+    # the pairs reach these kernels only as runtime ints and grid sizes: one compile each per (experts, block_m, map)
     _align_count_kernel[(p.chunks,)](
-        ids, map_arg, local, rank, counts, num_pairs, num_experts,
-        HAS_MAP=has_map, PAIR_TILE=p.pair_tile, CHUNK_TILES=p.chunk_tiles, EXPERTS_P2=p.experts_p2, **pdl_launch,
+        ids, map_arg, local, rank, counts, num_pairs, num_experts, p.chunk_tiles,
+        HAS_MAP=has_map, PAIR_TILE=p.pair_tile, EXPERTS_P2=p.experts_p2, USE_WHILE=use_while(), **pdl_launch,
         num_warps=p.num_warps,
     )
     _align_prefix_kernel[(p.prefix_programs,)](
-        counts, totals, p.chunks, CHUNK_STEP=p.chunk_step, STEPS=p.prefix_steps, EXPERT_BLOCK=p.expert_block,
-        EXPERTS_P2=p.experts_p2, **pdl_launch, num_warps=4,
+        counts, totals, p.chunks, CHUNK_STEP=p.chunk_step, EXPERT_BLOCK=p.expert_block, EXPERTS_P2=p.experts_p2,
+        USE_WHILE=use_while(), **pdl_launch, num_warps=4,
     )
     _align_place_kernel[(p.tiles + p.chunks,)](
-        local, rank, counts, totals, sorted_ids, block_experts, num_padded, num_pairs, blocks, p.tiles,
-        PAIR_TILE=p.pair_tile, CHUNK_TILES=p.chunk_tiles, EXPERTS_P2=p.experts_p2, BLOCK_M=block_m, ROWS=p.rows,
+        local, rank, counts, totals, sorted_ids, block_experts, num_padded, num_pairs, blocks, p.tiles, p.chunk_tiles,
+        PAIR_TILE=p.pair_tile, EXPERTS_P2=p.experts_p2, BLOCK_M=block_m, ROWS=p.rows, USE_WHILE=use_while(),
         **pdl_launch, num_warps=p.num_warps,
     )
     return sorted_ids, block_experts, num_padded
