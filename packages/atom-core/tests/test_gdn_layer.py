@@ -28,12 +28,12 @@ class StepHost:
     tp = SingleRank()
     quant = None
 
-    def __init__(self, layout: str):
-        self.layout = layout
+    def __init__(self, layout: str, cfg: GDNConfig = CFG):
+        self.layout, self.cfg = layout, cfg
         self.step: LinearAttentionStep | None = None
 
     def linear_attention_state(self, prefix, layer_id, conv_shape, ssm_shape, dtype, mix):
-        assert (tuple(conv_shape), tuple(ssm_shape)) == gdn_state_shapes(CFG)
+        assert (tuple(conv_shape), tuple(ssm_shape)) == gdn_state_shapes(self.cfg)
         host = self
 
         class State:
@@ -208,19 +208,7 @@ WIDE = GDNConfig(hidden_size=64, num_k_heads=4, num_v_heads=32, head_k_dim=16, h
 
 
 def wide_layer(layout):
-    class Host(StepHost):
-        def linear_attention_state(self, prefix, layer_id, conv_shape, ssm_shape, dtype, mix):
-            host = self
-
-            class State:
-                ssm_layout = host.layout
-
-                def run(self, *inputs):
-                    return mix(*inputs, host.step)
-
-            return State()
-
-    host = Host(layout)
+    host = StepHost(layout, WIDE)
     return GatedDeltaNet(WIDE, 0, host=host, prefix="layers.0.linear_attn"), host
 
 
