@@ -52,6 +52,7 @@ import functools
 import importlib
 import importlib.metadata
 import logging
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from packaging.specifiers import SpecifierSet
@@ -307,6 +308,23 @@ def linear_attention_backend() -> Any:
             "backend: SGLang did not recognise the model's config as hybrid, so it keeps no linear-attention state"
         )
     return linear
+
+
+# SGLang's breakable prefill CUDA graphs (its prefill default on CUDA since 0.5.17) capture the model body in
+# segments and run the functions marked as eager breaks between them, at capture and again at every replay.
+BREAKABLE_GRAPHS = "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph"
+
+
+def in_breakable_cuda_graph() -> bool:
+    """Whether SGLang is capturing or replaying a breakable prefill CUDA graph."""
+    return importlib.import_module(BREAKABLE_GRAPHS).is_in_breakable_cuda_graph()
+
+
+def eager_break(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as an eager break of SGLang's breakable CUDA graphs: inside a capture it ends the captured segment,
+    runs, and is called again with the same arguments at every replay, its result copied into the tensor it
+    returned at capture (the address the next segment reads); outside a capture it is ``fn``."""
+    return importlib.import_module(BREAKABLE_GRAPHS).eager_on_graph(enable=True)(fn)
 
 
 def _extra_buffer_of_server_args() -> bool:

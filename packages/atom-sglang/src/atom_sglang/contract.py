@@ -72,6 +72,10 @@ CONTRACT: tuple[Symbol, ...] = (
     Symbol("sglang.srt.configs.linear_attn_model_registry:LinearAttnModelSpec",
            fields=("config_class", "backend_class_name", "arch_names"), used_by="compat.register_linear_attn_model"),
     # hybrid linear attention (linear_attention.py)
+    Symbol("sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph:is_in_breakable_cuda_graph",
+           used_by="compat.in_breakable_cuda_graph (linear_attention.SGLangLinearAttentionState.run)"),
+    Symbol("sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph:eager_on_graph", ("enable",),
+           used_by="compat.eager_break (linear_attention: the GDN state step between captured segments)"),
     Symbol("sglang.srt.model_executor.forward_context:get_attn_backend", (), used_by="compat.attention_backend"),
     Symbol("sglang.srt.layers.attention.hybrid_linear_attn_backend:HybridLinearAttnBackend.__init__",
            ("self", "full_attn_backend", "linear_attn_backend", "full_attn_layers"),

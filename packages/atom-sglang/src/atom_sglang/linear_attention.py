@@ -18,7 +18,9 @@ layers read that metadata and the pool and run ATOM's kernels (not SGLang's ``Ra
 
 The slots come from SGLang's own backend metadata, so CUDA-graph replay (static index buffers refreshed in
 place, padded rows) behaves as it does for SGLang's layers.  A cached radix prefix reaches ATOM as a
-request whose slot SGLang filled from the cache and whose ``extend_prefix_lens`` is positive.
+request whose slot SGLang filled from the cache and whose ``extend_prefix_lens`` is positive.  SGLang's breakable
+prefill CUDA graphs (its prefill capture on CUDA) capture the layer's projections and run the state step between
+the captured segments, at every replay on the replayed batch, as SGLang's own GDN layers do there.
 
 Not supported (refused when the model is built): the ``extra_buffer`` radix-cache strategy (SGLang then
 expects the layer to copy intermediate chunk states into tracking slots, which ATOM's chunked kernel does
@@ -28,6 +30,7 @@ decoding (target-verify steps need SGLang's per-draft-token state buffers).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +64,13 @@ class SGLangLinearAttentionState:
         del dtype  # the pool's dtypes are SGLang's (SGLANG_MAMBA_CONV_DTYPE, mamba_ssm_dtype); the kernels follow them
 
     def run(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if compat.in_breakable_cuda_graph():
+            return _mix_between_segments()(self, *inputs)
+        return self.mix_now(*inputs)
+
+    def mix_now(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The layer's mix over the step SGLang is running now (read when called: at a graph replay, the replayed
+        batch's slots and offsets)."""
         return self._mix(*inputs, self.step())
 
     def step(self) -> LinearAttentionStep:
@@ -96,6 +106,16 @@ class SGLangLinearAttentionState:
                 "supported by ATOM's GDN layers"
             )
         return step
+
+
+@functools.cache
+def _mix_between_segments() -> Callable[..., torch.Tensor]:
+    """:meth:`SGLangLinearAttentionState.mix_now` as an eager break of SGLang's breakable prefill CUDA graphs.  The
+    step's token count, sequence count and metadata tensors are the batch's, so the conv and delta-rule launches
+    cannot be replayed from a capture: at every replay the break runs them on the replayed batch (inputs and output
+    are the capture's buffers; rows past the batch's tokens are padding and come out zero), as SGLang runs its own
+    GDN layers there."""
+    return compat.eager_break(SGLangLinearAttentionState.mix_now)
 
 
 def check_state_plan(hf_config: Any, states: list[SGLangLinearAttentionState], model_name: str) -> None:
