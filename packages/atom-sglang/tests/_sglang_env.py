@@ -31,6 +31,8 @@ HARNESS: tuple[Symbol, ...] = (
            used_by="test_contract (SGLang's ModelConfig finds a hybrid spec by config class)"),
     Symbol("sglang.srt.configs.linear_attn_model_registry:get_linear_attn_spec_by_arch", ("arch_name",),
            used_by="test_contract"),
+    Symbol("sglang.srt.layers.dp_attention:initialize_dp_attention", ("server_args", "model_config"),
+           used_by="start_cpu_runtime", releases="<0.5.21"),
     Symbol("sglang.srt.configs.model_config:ModelConfig.__init__", ("self", "model_path", "dtype", "is_draft_model"),
            used_by="test_speculative.load_draft (a draft as SGLang's EAGLE worker configures it)"),
     Symbol("sglang.srt.speculative.draft_utils:DraftBackendFactory.__init__",
@@ -51,6 +53,23 @@ def _spawn_ranks() -> dict:
 PUBLISH_PLACEMENT: ByRelease = ByRelease("the launcher's placement at publish", {
     "<0.5.21": dict,
     ">=0.5.21": _spawn_ranks,
+})
+
+
+def _init_dp_attention(model_path: str) -> None:
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.layers.dp_attention import initialize_dp_attention
+    from sglang.srt.runtime_context import get_server_args
+
+    initialize_dp_attention(get_server_args(), ModelConfig(model_path=model_path))
+
+
+# SGLang's attention data-parallel size, which its own layers (LayerCommunicator: the MTP drafts test_speculative
+# builds) ask for: before 0.5.21 its ModelRunner set it up (initialize_dp_attention; checked on 0.5.17), from 0.5.21
+# the published placement answers.
+DP_ATTENTION: ByRelease = ByRelease("the attention data-parallel setup", {
+    "<0.5.21": _init_dp_attention,
+    ">=0.5.21": lambda model_path: None,
 })
 
 
@@ -93,6 +112,7 @@ def start_cpu_runtime(model_path: str) -> None:
     init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                  distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
     initialize_model_parallel(backend="gloo")
+    DP_ATTENTION.get()(model_path)
 
 
 def stop_cpu_runtime() -> None:
