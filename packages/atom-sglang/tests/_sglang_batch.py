@@ -204,7 +204,9 @@ class SGLangCPUBatch:
             input_ids=ids, req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(ends), seq_lens_cpu=torch.tensor(ends),
             out_cache_loc=slots, seq_lens_sum=sum(ends), positions=positions,
             capture_hidden_mode=CaptureHiddenMode.FULL if capture or spec_hidden is not None else CaptureHiddenMode.NULL,
-            spec_info=None if spec_hidden is None else SimpleNamespace(hidden_states=spec_hidden),
+            # the EAGLE draft input's fields the drafts read (0.5.17's own DeepSeek NextN also its DSA top-k seed)
+            spec_info=None if spec_hidden is None else SimpleNamespace(hidden_states=spec_hidden,
+                                                                       dsa_seed_topk_capture=None),
             mm_inputs=None if decode or not any(mm_inputs) else mm_inputs, **extend,
         )
         if getattr(self.model, "uses_mrope", False):  # SGLang's own computation, from each request's MultimodalInputs

@@ -148,25 +148,11 @@ EXTRA_BUFFER_ON = ByRelease("switching the mamba extra buffer on", {
 })
 
 
-def _tc_piecewise_prefill_graphs():
-    """The published CUDA-graph config answering as with --cuda-graph-backend-prefill tc_piecewise (the CPU
-    runtime's is disabled, and the published one is read-only)."""
-    from unittest import mock
-
-    from sglang.srt.model_executor import cuda_graph_config
-
-    asked = cuda_graph_config.check_cuda_graph_backend
-    return mock.patch.object(cuda_graph_config, "check_cuda_graph_backend", lambda phase, backend: (
-        backend == cuda_graph_config.Backend.TC_PIECEWISE if phase == cuda_graph_config.Phase.PREFILL
-        else asked(phase, backend)))
-
-
-@pytest.mark.parametrize("setting", ["extra_buffer", "speculative", "tc_piecewise"])
+@pytest.mark.parametrize("setting", ["extra_buffer", "speculative"])
 def test_hybrid_models_refuse_settings_their_gdn_layers_cannot_serve(setting, cpu_runtime, tiny_checkpoints):
     """SGLang's extra_buffer radix strategy (its default for Qwen3-Next with the overlap scheduler) expects the
-    GDN layers to save intermediate chunk states; speculative decoding needs per-draft-token states; tc_piecewise
-    prefill graphs would trace the GDN state step into the compiled body: the model refuses to build, naming the
-    way out, instead of producing wrong tokens later."""
+    GDN layers to save intermediate chunk states; speculative decoding needs per-draft-token states: the
+    model refuses to build, naming the way out, instead of producing wrong tokens later."""
     from sglang.srt.runtime_context import get_spec
 
     hybrid = [a for a in tiny_checkpoints if catalog.HYBRID in catalog.get(a).capabilities]
@@ -175,7 +161,6 @@ def test_hybrid_models_refuse_settings_their_gdn_layers_cannot_serve(setting, cp
     override, match = {
         "extra_buffer": (EXTRA_BUFFER_ON.get()(), "no_buffer"),
         "speculative": (get_spec().override(speculative_algorithm="EAGLE"), "speculative decoding"),
-        "tc_piecewise": (_tc_piecewise_prefill_graphs(), "--cuda-graph-backend-prefill breakable"),
     }[setting]
     with override, pytest.raises(ValueError, match=match):
         load_with_sglang(tiny_checkpoints[hybrid[0]])

@@ -359,19 +359,7 @@ def unsupported_linear_attention_settings() -> str | None:
     algorithm = get_spec().speculative_algorithm
     if algorithm is not None and str(getattr(algorithm, "name", algorithm)).upper() != "NONE":
         return f"speculative decoding ({algorithm}) is not supported with ATOM's GDN layers"
-    if prefill_graphs_compile_the_body():
-        return ("SGLang's tc_piecewise prefill CUDA graphs (its prefill default off CUDA) compile the model body with "
-                "the GDN state step inside it, which ATOM's GDN layers do not support; run with "
-                "--cuda-graph-backend-prefill breakable (CUDA) or disabled")
     return None
-
-
-def prefill_graphs_compile_the_body() -> bool:
-    """Whether the running server's prefill CUDA graphs are SGLang's tc_piecewise ones (torch.compile of the model
-    body, split at SGLang's own attention ops), not the breakable or full ones or none."""
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
-
-    return check_cuda_graph_backend(Phase.PREFILL, Backend.TC_PIECEWISE)
 
 
 # ------------------------------------------------------------------------------------------ multimodal

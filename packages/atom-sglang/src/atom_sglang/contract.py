@@ -72,8 +72,6 @@ CONTRACT: tuple[Symbol, ...] = (
     Symbol("sglang.srt.configs.linear_attn_model_registry:LinearAttnModelSpec",
            fields=("config_class", "backend_class_name", "arch_names"), used_by="compat.register_linear_attn_model"),
     # hybrid linear attention (linear_attention.py)
-    Symbol("sglang.srt.model_executor.cuda_graph_config:check_cuda_graph_backend", ("phase", "backend"),
-           used_by="compat.prefill_graphs_compile_the_body (Phase.PREFILL, Backend.TC_PIECEWISE)"),
     Symbol("sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph:is_in_breakable_cuda_graph",
            used_by="compat.in_breakable_cuda_graph (linear_attention.SGLangLinearAttentionState.run)"),
     Symbol("sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph:eager_on_graph", ("enable",),
