@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from regression import THRESHOLDS, check, describe  # noqa: E402
+from regression import STATUSES, THRESHOLDS, check, describe  # noqa: E402
 from results import RESULTS, Run, load_runs  # noqa: E402
 
 METRICS = (("output_tok_per_s", "output tokens/s"), ("tpot_ms", "TPOT ms"), ("ttft_ms", "TTFT ms"))
@@ -158,15 +158,16 @@ def summary(runs: list[Run]) -> str:
         return "<p>No runs committed.</p>"
     latest = runs[-1]
     verdicts = check(runs, latest)
-    shown = [v for v in verdicts if v["status"] in ("regression", "unconfirmed")]
+    shown = [v for v in verdicts if v["status"] in ("regression", "acknowledged", "unconfirmed")]
     untested = [v for v in verdicts if v["status"] == "untested" and v.get("worse")]
-    counts = {s: sum(v["status"] == s for v in verdicts) for s in ("regression", "unconfirmed", "untested", "ok")}
+    counts = {s: sum(v["status"] == s for v in verdicts) for s in STATUSES}
     items = "".join(f'<li class="{v["status"]}">{html.escape(describe(v))}</li>' for v in shown)
     acc = "".join(f'<li class="{"ok" if m.get("passed") else "regression"}">{html.escape(m.get("summary", ""))}</li>'
                   for r in runs[-3:] for m in r.accuracy)
     return (f'<h2>Latest run: {html.escape(latest.name)}</h2><p id="regression-counts">Regression check against the '
             f"previous run on the same GPU (thresholds {html.escape(json.dumps(THRESHOLDS))}, see ci/regression.py): "
-            f"{counts['regression']} regressed, {counts['unconfirmed']} past a threshold but unconfirmed, "
+            f"{counts['regression']} regressed, {counts['acknowledged']} acknowledged (explained in the run's "
+            f"acknowledged.toml), {counts['unconfirmed']} past a threshold but unconfirmed, "
             f"{counts['untested']} without repeated samples, {counts['ok']} ok.</p><ul>{items}</ul>"
             + (f"<details><summary>{len(untested)} medians past a threshold, without repeated samples to state a "
                f"confidence</summary><ul>{''.join(f'<li class=untested>{html.escape(describe(v))}</li>' for v in untested)}"
@@ -222,7 +223,7 @@ header {{ position: sticky; top: 0; background: #fff; padding: 8px 0; border-bot
 header label {{ margin-right: 14px; font-size: 14px; }}
 .card {{ border: 1px solid #e3e3e3; border-radius: 6px; margin: 14px 0; padding: 4px 10px; }}
 .card h3 {{ font-size: 15px; margin: 6px 0; }}
-li.regression {{ color: #b00; }} li.unconfirmed {{ color: #a60; }} li.untested {{ color: #666; }}
+li.regression {{ color: #b00; }} li.acknowledged {{ color: #706; }} li.unconfirmed {{ color: #a60; }} li.untested {{ color: #666; }}
 #shown {{ font-size: 13px; color: #555; }}
 </style></head><body>
 <header><h1 style="margin:4px 0;font-size:22px">ATOM benchmark dashboard</h1>

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 E2E_METRICS = {"output_tok_per_s": "throughput", "tpot_ms": "latency", "ttft_ms": "latency"}
@@ -36,6 +38,9 @@ class Run:
     kernels: list[dict] = field(default_factory=list)
     accuracy: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    # regressions this run shows that were looked at and explained (``acknowledged.toml`` in its folder: ``what``, an
+    # fnmatch pattern on ci/regression.py's verdict labels, and ``why``)
+    acknowledged: list[dict] = field(default_factory=list)
 
 
 def run_time(folder: str) -> tuple[str, str]:
@@ -122,6 +127,9 @@ def load_runs(root: Path = RESULTS) -> list[Run]:
     for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         time, gpu = run_time(folder.name)
         run = Run(folder.name, time, gpu)
+        acknowledged = folder / "acknowledged.toml"
+        if acknowledged.is_file():
+            run.acknowledged = tomllib.loads(acknowledged.read_text()).get("acknowledged", [])
         for path in sorted(folder.rglob("*.json")):
             source = str(path.relative_to(folder))
             try:

@@ -27,9 +27,10 @@ from results import load_runs  # noqa: E402
 BASE = {"output_tok_per_s": 1000.0, "tpot_ms": 2.0, "ttft_ms": 20.0}
 
 
-def e2e_report(scale: dict[str, float], noise: float, seed: int, repeats: int = 5) -> dict:
+def e2e_report(scale: dict[str, float], noise: float, seed: int, repeats: int = 5, machine: float = 1.0) -> dict:
     """An atom_tools.e2e.vllm report: one model, batches 1 and 64, ``repeats`` samples per metric with relative
-    noise ``noise``; ATOM's metrics multiplied by ``scale`` (vLLM's never)."""
+    noise ``noise``; ATOM's metrics multiplied by ``scale`` (vLLM's never), both engines' throughput by ``machine``
+    (a faster or slower machine of the same GPU: latencies divided by it)."""
     rng = random.Random(seed)
 
     def stats(value: float) -> dict:
@@ -37,7 +38,8 @@ def e2e_report(scale: dict[str, float], noise: float, seed: int, repeats: int = 
         return {"median": sorted(samples)[repeats // 2], "min": min(samples), "max": max(samples), "samples": samples}
 
     impls = {impl: {"startup_s": 60.0, "batches": {str(b): {m: stats(v * b ** (m == "output_tok_per_s")
-                                                                      * (scale.get(m, 1.0) if impl == "atom" else 1.0))
+                                                                      * (scale.get(m, 1.0) if impl == "atom" else 1.0)
+                                                                      * (machine if m == "output_tok_per_s" else 1 / machine))
                                                               for m, v in BASE.items()} for b in (1, 64)}}
              for impl in ("vllm", "atom")}
     return {"gpu": "NVIDIA H200", "date": "2026-12-04T00:00+00:00", "vllm": "0.26.0", "torch": "2.11.0",
@@ -45,11 +47,14 @@ def e2e_report(scale: dict[str, float], noise: float, seed: int, repeats: int = 
             "models": [{"model": "qwen3-8b", "arch": "Qwen3ForCausalLM", "layers": 8, "format": "bf16", "impls": impls}]}
 
 
-def write_runs(root: Path, new_scale: dict[str, float], noise: float = 0.01, new_noise: float | None = None) -> Path:
+def write_runs(root: Path, new_scale: dict[str, float], noise: float = 0.01, new_noise: float | None = None,
+               machine: float = 1.0, acknowledged: str | None = None) -> Path:
     (root / "2026-12-04T0100-h200").mkdir(parents=True)
     (root / "2026-12-04T0100-h200" / "e2e.json").write_text(json.dumps(e2e_report({}, noise, seed=1)))
     (root / "2026-12-04T0200-h200").mkdir()
-    new = e2e_report(new_scale, noise if new_noise is None else new_noise, seed=2)
+    if acknowledged is not None:
+        (root / "2026-12-04T0200-h200" / "acknowledged.toml").write_text(acknowledged)
+    new = e2e_report(new_scale, noise if new_noise is None else new_noise, seed=2, machine=machine)
     (root / "2026-12-04T0200-h200" / "run.json").write_text(json.dumps({"format": "atom-run/1", "e2e": new}))
     return root
 
@@ -65,14 +70,15 @@ def statuses(root: Path) -> dict[str, set[str]]:
 def test_seeded_throughput_drop_is_flagged(tmp_path):
     root = write_runs(tmp_path, {"output_tok_per_s": 0.85})
     flagged = statuses(root)["regression"]
-    assert {"qwen3-8b bf16 batch 1 in/out 512/128 output_tok_per_s",
-            "qwen3-8b bf16 batch 64 in/out 512/128 output_tok_per_s"} == flagged
+    assert {"qwen3-8b bf16 batch 1 in/out 512/128 output_tok_per_s / vllm's own",
+            "qwen3-8b bf16 batch 64 in/out 512/128 output_tok_per_s / vllm's own"} == flagged
     assert regression.main(["--results", str(root)]) == 1
 
 
 def test_seeded_latency_increase_is_flagged(tmp_path):
     root = write_runs(tmp_path, {"tpot_ms": 1.2, "ttft_ms": 1.0})
-    assert statuses(root)["regression"] == {f"qwen3-8b bf16 batch {b} in/out 512/128 tpot_ms" for b in (1, 64)}
+    assert statuses(root)["regression"] == {f"qwen3-8b bf16 batch {b} in/out 512/128 tpot_ms / vllm's own"
+                                            for b in (1, 64)}
 
 
 def test_unchanged_run_is_not_flagged(tmp_path):
@@ -80,6 +86,33 @@ def test_unchanged_run_is_not_flagged(tmp_path):
     found = statuses(root)
     assert "regression" not in found and "unconfirmed" not in found and len(found["ok"]) == 6
     assert regression.main(["--results", str(root)]) == 0
+
+
+def test_another_machine_of_the_same_gpu_is_not_a_regression(tmp_path):
+    """Both classes 30% slower on the new run's machine: ATOM over the host's own class is unchanged."""
+    root = write_runs(tmp_path, {}, machine=0.7)
+    found = statuses(root)
+    assert "regression" not in found and "unconfirmed" not in found and len(found["ok"]) == 6
+    assert all(what.endswith("/ vllm's own") for what in found["ok"])
+
+
+def test_only_atom_slower_on_another_machine_is_flagged(tmp_path):
+    root = write_runs(tmp_path, {"output_tok_per_s": 0.8}, machine=1.3)
+    assert statuses(root)["regression"] == {f"qwen3-8b bf16 batch {b} in/out 512/128 output_tok_per_s / vllm's own"
+                                            for b in (1, 64)}
+
+
+def test_acknowledged_regressions_pass_with_their_reason_and_stale_entries_fail(tmp_path, capsys):
+    entry = '[[acknowledged]]\nwhat = "qwen3-8b bf16 batch * output_tok_per_s / vllm\'s own"\nwhy = "looked at: X"\n'
+    root = write_runs(tmp_path / "a", {"output_tok_per_s": 0.85}, acknowledged=entry)
+    found = statuses(root)
+    assert "regression" not in found and len(found["acknowledged"]) == 2
+    assert regression.main(["--results", str(root)]) == 0
+    assert "looked at: X" in capsys.readouterr().out
+    stale = write_runs(tmp_path / "b", {}, acknowledged=entry)  # nothing regressed: the entry explains nothing
+    assert statuses(stale)["regression"] == {"acknowledged.toml entry \"qwen3-8b bf16 batch * output_tok_per_s / "
+                                             "vllm's own\""}
+    assert regression.main(["--results", str(stale)]) == 1
 
 
 def test_change_within_threshold_is_not_flagged(tmp_path):

@@ -31,9 +31,9 @@ def test_cpu_keeps_the_hosts_class(host):
 
 def test_cuda_follows_the_measurements():
     assert decide("vllm", CUDA, "Qwen3ForCausalLM", True).atom
-    assert decide("vllm", CUDA, "Qwen3MoeForCausalLM", True).atom
     slower = decide("vllm", CUDA, "LlamaForCausalLM", True)
     assert not slower.atom and "measured slower" in slower.reason and "vllm-e2e-smollm2.json" in slower.reason
+    assert not decide("vllm", CUDA, "Qwen3MoeForCausalLM", True).atom  # the newest run: 0.72x at batch 1
     unmeasured = decide("vllm", CUDA, "MixtralForCausalLM", True)
     assert not unmeasured.atom and "no measured fast path" in unmeasured.reason
     assert not decide("sglang", CUDA, "Qwen3ForCausalLM", True).atom  # vLLM's numbers say nothing about SGLang

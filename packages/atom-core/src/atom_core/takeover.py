@@ -62,9 +62,9 @@ MEASURED: tuple[Measured, ...] = (
     # vLLM 0.26.0 on one H200 or H100, random weights of the real shapes, vLLM's defaults (torch.compile, CUDA graphs).
     Measured("vllm", CUDA, "Qwen3ForCausalLM", 0.966, "bench/results/2026-12-03T1600-h200/vllm-e2e-qwen3-8b-9477f66.json",
              "Qwen3-8B shape, 8 layers: 0.94x / 1.06x / 0.90x vLLM's output tokens/s at batch 1 / 64 / 256"),
-    Measured("vllm", CUDA, "Qwen3MoeForCausalLM", 0.997, "bench/results/2026-12-07T1130-h100/vllm-e2e-qwen3-30b-a3b.json",
-             "Qwen3-30B-A3B shape, 6 layers, H100: 1.12x / 0.89x vLLM's output tokens/s at batch 1 / 64 (one batch-64 "
-             "repeat paid a mid-run MoE-alignment compile, since removed)"),
+    Measured("vllm", CUDA, "Qwen3MoeForCausalLM", 0.723, "bench/results/2026-12-07T1452-h100/vllm-e2e-qwen3-30b-a3b.json",
+             "Qwen3-30B-A3B shape, 6 layers, H100: 0.72x vLLM's output tokens/s at batch 1 (TPOT 2.54 vs 1.82 ms; batch "
+             "64 not reached in the run's time; the 11:30 run on another H100 had 1.12x / 0.89x at batch 1 / 64)"),
     Measured("vllm", CUDA, "LlamaForCausalLM", 0.826, "bench/results/2026-12-03T1600-h200/vllm-e2e-smollm2.json",
              "SmolLM2-135M-Instruct (real weights): 0.96x / 0.71x vLLM's output tokens/s at batch 1 / 64 "
              "(prefill at batch 64: TTFT 320 ms vs 149 ms)"),

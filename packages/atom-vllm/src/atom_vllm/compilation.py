@@ -9,8 +9,8 @@ reach the traced graph as opaque ``torch.ops.atom`` custom ops (:mod:`atom_kerne
 The decorator goes on the generated wrapper class itself (its ``forward`` is the model's forward), as vLLM's
 Transformers backend does with the classes it wraps.  Text-only architectures get it.  Hybrid ones get it with
 ``ATOM_VLLM_COMPILE_HYBRID=1``: their GDN layers read vLLM's mamba metadata in Python, inside one opaque op per
-layer at which vLLM splits the graph (:mod:`atom_vllm.hybrid`); compiled = eager tokens on the CPU, faster on a GPU
-(docs/vllm.md), but not yet shown right on a GPU since its split-point output was fixed, so by default they run
+layer at which vLLM splits the graph (:mod:`atom_vllm.hybrid`); compiled = eager tokens on the CPU, as close to
+transformers float32 as eager on a GPU, but not faster in every measured run (docs/vllm.md), so by default they run
 eagerly between full-model CUDA graphs.  Multimodal ones are left out
 because their forward (deepstack inputs, MRoPE positions) has not been traced and checked yet.
 """
