@@ -179,6 +179,29 @@ def test_prefill_graph_runner_calls_the_body(arch, cpu_runtime, tiny_checkpoints
     check_against_transformers(arch, checkpoint_or_skip(arch, tiny_checkpoints), model, prefill_run=prefill_graph_runner)
 
 
+@torch.inference_mode()
+def test_gdn_layers_warm_up_once_on_sglangs_pools(cpu_runtime, tiny_checkpoints, monkeypatch):
+    """SGLang runs no step without tokens: on its first step each GDN layer is handed an empty one over SGLang's own
+    pools (the layer compiles its kernels then; its torch references on the CPU need none), never again."""
+    from atom_core.layers.gdn import GatedDeltaNet
+
+    arch = "Qwen3NextForCausalLM"
+    model = load_with_sglang(checkpoint_or_skip(arch, tiny_checkpoints))
+    warmed = []
+    monkeypatch.setattr(GatedDeltaNet, "_warm_up", lambda self, qkv, ba, step: warmed.append((qkv.shape[0], step)))
+    batch = SGLangCPUBatch(model, 2)
+    batch.step({0: PROMPTS[0], 1: PROMPTS[1]})
+    states = model.atom_host.linear_attention_states
+    assert [rows for rows, _ in warmed] == [0] * len(states)
+    for state, (_, step) in zip(states, warmed):
+        cache = batch.req_pool.mamba2_layer_cache(state.layer_id)
+        for pool, sglangs in ((step.conv_state, cache.conv[0]), (step.ssm_state, cache.temporal)):
+            assert (pool.data_ptr(), pool.shape, pool.stride()) == (sglangs.data_ptr(), sglangs.shape, sglangs.stride())
+        assert step.ssm_layout == "v_major"
+    batch.step({0: [3], 1: [4]})
+    assert len(warmed) == len(states)
+
+
 class RecordingLM(CausalLM):
     """A stand-in ATOM model recording what the wrapper hands it."""
 

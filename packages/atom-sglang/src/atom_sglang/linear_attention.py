@@ -61,6 +61,7 @@ class SGLangLinearAttentionState:
         self.conv_shape = tuple(conv_shape)
         self.ssm_shape = ssm_state_shape(SSM_LAYOUT, *ssm_shape)  # per slot, as SGLang stores it
         self._mix = mix
+        self._warmed = False
         del dtype  # the pool's dtypes are SGLang's (SGLANG_MAMBA_CONV_DTYPE, mamba_ssm_dtype); the kernels follow them
 
     def run(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -71,7 +72,20 @@ class SGLangLinearAttentionState:
     def mix_now(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The layer's mix over the step SGLang is running now (read when called: at a graph replay, the replayed
         batch's slots and offsets)."""
-        return self._mix(*inputs, self.step())
+        step = self.step()
+        if not self._warmed:
+            self._warm_up(inputs, step)
+        return self._mix(*inputs, step)
+
+    def _warm_up(self, inputs: tuple[torch.Tensor, ...], step: LinearAttentionStep) -> None:
+        """SGLang runs no step without tokens (vLLM's profiling run is one), so the first step not being captured
+        into a CUDA graph hands the layer an empty one over SGLang's pools first: the layer compiles its kernels
+        for every launch class then (atom_core.layers.gdn.GatedDeltaNet._warm_up), not on a later request."""
+        if inputs[0].device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return
+        self._warmed = True
+        empty = LinearAttentionStep(conv_state=step.conv_state, ssm_state=step.ssm_state, ssm_layout=step.ssm_layout)
+        self._mix(*(x[:0] for x in inputs), empty)
 
     def step(self) -> LinearAttentionStep:
         forward_batch = self._host.forward_batch
