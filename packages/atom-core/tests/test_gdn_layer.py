@@ -237,15 +237,37 @@ def serving_steps(pools, layout):
         yield T, step(pools, layout, **fields)
 
 
+def speculative_steps(pools, layout, num_spec):
+    """Steps of a speculative host (rolling conv buffer, per-token SSM blocks): ragged draft sequences (1 to
+    ``1 + num_spec`` tokens, some accepted) beside prompts; many of them; decode only."""
+    gen = torch.Generator().manual_seed(1)
+    for lens, prompts in (([3, 1, 2], [5, 9]), ([1 + num_spec] * 13, [4] * 11), ([2] * 40, [])):
+        nd, n = sum(lens), len(lens)
+        T = nd + sum(prompts)
+        slots = torch.randperm(pools[0].shape[0], generator=gen)[: n + len(prompts)].to(torch.int32)
+        blocks = torch.randint(0, pools[1].shape[0], (n, 1 + num_spec), generator=gen)
+        fields = dict(num_decode_tokens=nd, decode_slots=slots[:n], decode_ssm_slots=blocks.to(torch.int32),
+                      num_accepted_tokens=torch.randint(1, 1 + num_spec, (n,), generator=gen, dtype=torch.int32),
+                      decode_cu_seqlens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32))
+        if prompts:
+            fields |= dict(num_prefill_tokens=T - nd, prefill_slots=slots[n:],
+                           prefill_cu_seqlens=torch.tensor([0, *torch.tensor(prompts).cumsum(0).tolist()], dtype=torch.int32),
+                           prefill_has_initial_state=torch.arange(len(prompts)) % 2 == 0)
+        yield T, step(pools, layout, **fields)
+
+
+@pytest.mark.parametrize("num_spec", [0, 2], ids=["plain", "speculative"])
 @pytest.mark.parametrize("layout", [K_MAJOR, V_MAJOR])
-def test_warm_up_step_compiles_what_serving_needs(triton_interpreted, layout):
+def test_warm_up_step_compiles_what_serving_needs(triton_interpreted, layout, num_spec):
     """A step without tokens (a host's warm-up or profiling run) outputs zeros and runs the GDN kernels once per
-    launch class on scratch pools laid out as the host's (here vLLM's: conv taps-major, no rows yet), so no
-    serving step of any composition launches a kernel variant (Triton specialization) not compiled then."""
+    launch class on scratch pools laid out as the host's (here vLLM's: conv taps-major, no rows yet; with
+    speculative decoding a rolling conv buffer ``num_spec`` columns wider), so no serving step of any composition
+    launches a kernel variant (Triton specialization) not compiled then."""
     from atom_kernels.compile_keys import recording
 
     layer, _ = wide_layer(layout)
     conv_shape, ssm_shape = gdn_state_shapes(WIDE)
+    conv_shape = (conv_shape[0], conv_shape[1] + num_spec)  # (conv_dim, W - 1 + num_spec)
     empty = (torch.empty(0, conv_shape[1], conv_shape[0]).transpose(1, 2),
              torch.empty(0, *ssm_state_shape(layout, *ssm_shape)))
     pools = (torch.zeros(96, conv_shape[1], conv_shape[0]).transpose(1, 2),
@@ -255,8 +277,9 @@ def test_warm_up_step_compiles_what_serving_needs(triton_interpreted, layout):
     assert out.shape == (16, WIDE.num_v_heads, WIDE.head_v_dim) and not out.any()
     assert {"_intra_kernel", "_wu_kernel", "_state_kernel", "_out_kernel", "_conv_out_kernel", "_conv_state_kernel",
             "_conv_update_kernel"} <= set(warm), sorted(warm)
+    steps = list(serving_steps(pools, layout)) + (list(speculative_steps(pools, layout, num_spec)) if num_spec else [])
     with torch.no_grad(), recording(launch=False) as serving:
-        for T, serving_step in serving_steps(pools, layout):
+        for T, serving_step in steps:
             layer.mix(torch.randn(T, WIDE.conv_dim()), torch.randn(T, 2 * WIDE.num_v_heads), serving_step)
     new = {kernel: keys - warm.get(kernel, set()) for kernel, keys in serving.items()}
     assert not any(new.values()), {kernel: len(keys) for kernel, keys in new.items() if keys}

@@ -278,10 +278,11 @@ class GatedDeltaNet(nn.Module):
 
     def _warm_up(self, qkv: torch.Tensor, ba: torch.Tensor, step: LinearAttentionStep) -> None:
         """Once per process and layer shape: one step of ``n`` decode and ``n`` prefill sequences for each ``n`` of
-        :func:`~atom_kernels.gdn.warm_up_sequence_counts`, on scratch pools laid out as ``step``'s (which may have
-        no rows yet) and inputs laid out as ``qkv`` / ``ba``, so the GDN kernels compile while the host warms up,
-        not on a request.  Skipped when the pools' layout is unknown (not ``[slots, ...]`` tensors), where the
-        kernels' torch references run, while tracing and inside CUDA-graph capture."""
+        :func:`~atom_kernels.gdn.warm_up_sequence_counts` (and one with speculative decodes where the conv pool is a
+        rolling buffer), on scratch pools laid out as ``step``'s (which may have no rows yet) and inputs laid out as
+        ``qkv`` / ``ba``, so the GDN kernels compile while the host warms up, not on a request.  Skipped when the
+        pools' layout is unknown (not ``[slots, ...]`` tensors), where the kernels' torch references run, while
+        tracing and inside CUDA-graph capture."""
         conv, ssm, device = step.conv_state, step.ssm_state, qkv.device
         if conv.dim() != 3 or ssm.dim() != 4 or torch.compiler.is_compiling():
             return
@@ -296,17 +297,29 @@ class GatedDeltaNet(nn.Module):
         _WARMED.add(key)
         conv_pool, ssm_pool = _scratch_like(conv, 2, device), _scratch_like(ssm, 2, device)
         gen = torch.Generator(device).manual_seed(0)
+        width = self.conv1d.weight.view(self.conv_dim, -1).shape[1]
+        # a conv pool wider than width - 1 is a host's speculative rolling buffer (width - 2 + Tq columns): its steps
+        # bring up to Tq tokens per decode sequence, through the decode kernels' ragged, accepted-token variants
+        speculative = conv.shape[2] - width + 2 if conv.shape[2] > width - 1 else 0
         for n in warm_up_sequence_counts(self.num_v_heads):
             slots = torch.arange(2 * n, device=device, dtype=torch.int32) % 2  # two scratch rows, shared
             prefill_tokens = PREFILL_WARM_UP_TOKENS * n
-            warm = LinearAttentionStep(
-                conv_state=conv_pool, ssm_state=ssm_pool, ssm_layout=step.ssm_layout,
-                num_decode_tokens=n, decode_slots=slots[:n],
-                num_prefill_tokens=prefill_tokens, prefill_slots=slots[n:], prefill_has_initial_state=slots[n:] == 1,
-                prefill_cu_seqlens=torch.arange(0, prefill_tokens + 1, PREFILL_WARM_UP_TOKENS, device=device,
-                                                dtype=torch.int32))
-            T = n + prefill_tokens
-            self._mix(_random_rows_like(qkv, T, gen), _random_rows_like(ba, T, gen), warm)
+            prefill = dict(num_prefill_tokens=prefill_tokens, prefill_slots=slots[n:],
+                           prefill_has_initial_state=slots[n:] == 1,
+                           prefill_cu_seqlens=torch.arange(0, prefill_tokens + 1, PREFILL_WARM_UP_TOKENS, device=device,
+                                                           dtype=torch.int32))
+            decodes = [dict(num_decode_tokens=n, decode_slots=slots[:n])]
+            if speculative:
+                decodes.append(dict(
+                    num_decode_tokens=n * speculative, decode_slots=slots[:n],
+                    decode_ssm_slots=slots[:n, None].expand(n, speculative).contiguous(),
+                    num_accepted_tokens=torch.ones(n, device=device, dtype=torch.int32),
+                    decode_cu_seqlens=torch.arange(0, n * speculative + 1, speculative, device=device, dtype=torch.int32)))
+            for decode in decodes:
+                warm = LinearAttentionStep(conv_state=conv_pool, ssm_state=ssm_pool, ssm_layout=step.ssm_layout,
+                                           **decode, **prefill)
+                T = decode["num_decode_tokens"] + prefill_tokens
+                self._mix(_random_rows_like(qkv, T, gen), _random_rows_like(ba, T, gen), warm)
 
     # ----------------------------------------------------------------------------------- parts
     def _conv(self, x: torch.Tensor, step: LinearAttentionStep) -> torch.Tensor:
