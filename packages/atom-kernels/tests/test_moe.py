@@ -195,7 +195,6 @@ def test_moe_align_plan_tiles_are_bounded_at_every_size():
         else:
             assert p.chunks <= align.MAX_CHUNKS
             assert p.prefix_programs * p.expert_block == p.experts_p2
-            assert p.prefix_steps * p.chunk_step >= p.chunks
             # the constexprs and warps of the three kernels: the same at every token count
             shapes = (p.pair_tile, p.experts_p2, p.expert_block, p.chunk_step, p.rows, p.num_warps)
             assert multi_shapes.setdefault((experts, block_m), shapes) == shapes, (tokens, top_k, experts, block_m)
