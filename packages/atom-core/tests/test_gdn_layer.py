@@ -65,6 +65,11 @@ def step(pools, layout, **fields):
     return LinearAttentionStep(conv_state=pools[0], ssm_state=pools[1], ssm_layout=layout, **fields)
 
 
+def cu_seqlens(lengths) -> torch.Tensor:
+    """``[0, l0, l0 + l1, ...]`` (int32): the offsets of packed sequences of these lengths."""
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
 def clone(pools):
     return tuple(p.clone() for p in pools)
 
@@ -149,7 +154,7 @@ def test_speculative_steps_resume_from_the_accepted_tokens(rng):
     def prefill(pools_, slots, xs):
         lens = [len(x) for x in xs]
         host.step = step(pools_, V_MAJOR, num_prefill_tokens=sum(lens),
-                         prefill_cu_seqlens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
+                         prefill_cu_seqlens=cu_seqlens(lens),
                          prefill_slots=torch.tensor(slots), prefill_has_initial_state=torch.tensor([False] * len(xs)))
         return layer(torch.cat(xs))
 
@@ -174,7 +179,7 @@ def test_speculative_steps_resume_from_the_accepted_tokens(rng):
         return dict(num_decode_tokens=sum(lens), decode_slots=torch.tensor([blocks[n][0] for n in names]),
                     decode_ssm_slots=torch.tensor([blocks[n] for n in names]),
                     num_accepted_tokens=torch.tensor([accepted[n] for n in names], dtype=torch.int32),
-                    decode_cu_seqlens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32))
+                    decode_cu_seqlens=cu_seqlens(lens))
 
     with torch.no_grad():
         prompts = {"a": torch.randn(5, 64, generator=rng), "b": torch.randn(3, 64, generator=rng)}
@@ -222,6 +227,12 @@ def triton_interpreted(monkeypatch):
     monkeypatch.setattr("atom_core.layers.gdn._WARMED", set())
 
 
+def prefill_fields(slots, prompts):
+    """A step's prefill part: ``prompts`` (lengths) in ``slots``, every other one continuing from its state."""
+    return dict(num_prefill_tokens=sum(prompts), prefill_slots=slots, prefill_cu_seqlens=cu_seqlens(prompts),
+                prefill_has_initial_state=torch.arange(len(prompts)) % 2 == 0)
+
+
 def serving_steps(pools, layout):
     """Steps of the compositions a host sends: one prompt; decodes beside prompts (slots at odd offsets); many of
     both; decode only."""
@@ -231,9 +242,7 @@ def serving_steps(pools, layout):
         slots = torch.randperm(pools[0].shape[0], generator=gen)[: nd + len(prompts)].to(torch.int32)
         fields = dict(num_decode_tokens=nd, decode_slots=slots[:nd]) if nd else {}
         if prompts:
-            fields |= dict(num_prefill_tokens=T - nd, prefill_slots=slots[nd:],
-                           prefill_cu_seqlens=torch.tensor([0, *torch.tensor(prompts).cumsum(0).tolist()], dtype=torch.int32),
-                           prefill_has_initial_state=torch.arange(len(prompts)) % 2 == 0)
+            fields |= prefill_fields(slots[nd:], prompts)
         yield T, step(pools, layout, **fields)
 
 
@@ -248,11 +257,9 @@ def speculative_steps(pools, layout, num_spec):
         blocks = torch.randint(0, pools[1].shape[0], (n, 1 + num_spec), generator=gen)
         fields = dict(num_decode_tokens=nd, decode_slots=slots[:n], decode_ssm_slots=blocks.to(torch.int32),
                       num_accepted_tokens=torch.randint(1, 1 + num_spec, (n,), generator=gen, dtype=torch.int32),
-                      decode_cu_seqlens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32))
+                      decode_cu_seqlens=cu_seqlens(lens))
         if prompts:
-            fields |= dict(num_prefill_tokens=T - nd, prefill_slots=slots[n:],
-                           prefill_cu_seqlens=torch.tensor([0, *torch.tensor(prompts).cumsum(0).tolist()], dtype=torch.int32),
-                           prefill_has_initial_state=torch.arange(len(prompts)) % 2 == 0)
+            fields |= prefill_fields(slots[n:], prompts)
         yield T, step(pools, layout, **fields)
 
 
