@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from regression import STATUSES, THRESHOLDS, check, describe  # noqa: E402
+from regression import REPORTED, STATUSES, THRESHOLDS, check, describe  # noqa: E402
 from results import RESULTS, Run, load_runs  # noqa: E402
 
 METRICS = (("output_tok_per_s", "output tokens/s"), ("tpot_ms", "TPOT ms"), ("ttft_ms", "TTFT ms"))
@@ -158,7 +158,7 @@ def summary(runs: list[Run]) -> str:
         return "<p>No runs committed.</p>"
     latest = runs[-1]
     verdicts = check(runs, latest)
-    shown = [v for v in verdicts if v["status"] in ("regression", "acknowledged", "unconfirmed")]
+    shown = [v for v in verdicts if v["status"] in REPORTED]
     untested = [v for v in verdicts if v["status"] == "untested" and v.get("worse")]
     counts = {s: sum(v["status"] == s for v in verdicts) for s in STATUSES}
     items = "".join(f'<li class="{v["status"]}">{html.escape(describe(v))}</li>' for v in shown)

@@ -33,6 +33,7 @@ from results import E2E_METRICS, RESULTS, Run, e2e_key, kernel_key, kernel_label
 # The one place the thresholds live: relative change that counts as a regression, per kind of metric.
 THRESHOLDS = {"throughput": 0.05, "latency": 0.10}
 STATUSES = ("regression", "acknowledged", "unconfirmed", "untested", "ok")
+REPORTED = ("regression", "acknowledged", "unconfirmed")  # the statuses printed (and shown on the dashboard) always
 CONFIDENCE = 0.95
 
 
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = check(runs, new)
     counts = {s: sum(v["status"] == s for v in verdicts) for s in STATUSES}
     for v in verdicts:
-        if args.all or v["status"] in ("regression", "unconfirmed", "acknowledged") or v.get("worse"):
+        if args.all or v["status"] in REPORTED or v.get("worse"):
             print(describe(v))
     print(f"regression check of {new.name} ({new.gpu}): {counts['regression']} regressed, "
           f"{counts['acknowledged']} acknowledged (the run's acknowledged.toml), {counts['unconfirmed']} "
