@@ -145,3 +145,15 @@ driver.run(args, driver.new_report(args, "cpu", {{}}, {{}}), compare, "given")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert list(work.iterdir()) == []
+
+
+def test_machine_reads_nvidia_smi_and_survives_its_absence(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: the CPU facts only
+    assert set(driver.machine()) == {"cpu", "cpus"}
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '580.159.04, 1980 MHz, 1755 MHz, 700.00 W'\n")
+    smi.chmod(0o755)
+    facts = driver.machine()
+    assert (facts["driver_version"], facts["clocks.max.sm"], facts["clocks.sm"], facts["power.limit"]) == (
+        "580.159.04", "1980 MHz", "1755 MHz", "700.00 W")
+    assert facts["cpus"] >= 1 and facts["cpu"]

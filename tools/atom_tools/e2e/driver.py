@@ -11,9 +11,11 @@ import datetime
 import functools
 import json
 import os
+import platform
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -184,9 +186,30 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None, impls: dict) 
     return args
 
 
+_SMI_FIELDS = ("driver_version", "clocks.max.sm", "clocks.sm", "power.limit")
+
+
+def machine() -> dict:
+    """What tells two machines of one GPU kind apart: the GPU driver, SM clocks and power limit (``nvidia-smi``; an
+    empty dict where it is absent) and the host CPU (its model and count), since vLLM's host loop bounds small batches."""
+    facts = {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        facts["cpu"] = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                             if line.startswith("model name")), facts["cpu"])
+    try:
+        smi = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return facts
+    return facts | dict(zip(_SMI_FIELDS, (v.strip() for v in smi.split(",")), strict=False))
+
+
 def new_report(args: argparse.Namespace, gpu: str, versions: dict, settings: dict) -> dict:
-    """The report's head: GPU, date, host and torch versions, the command, ATOM's commit, the settings."""
-    return {"gpu": gpu, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"), **versions,
+    """The report's head: GPU, the machine's facts, date, host and torch versions, the command, ATOM's commit, the
+    settings."""
+    return {"gpu": gpu, "machine": machine(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
+            **versions,
             "torch": torch.__version__, "command": " ".join(sys.argv), "atom_commit": os.environ.get("ATOM_COMMIT"),
             "settings": {"prompt_len": args.prompt_len, "output_len": args.output_len, "repeats": args.repeats,
                          **settings},
