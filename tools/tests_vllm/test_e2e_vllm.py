@@ -123,18 +123,20 @@ def test_compare_saves_each_step_and_keeps_what_a_cut_off_run_measured(monkeypat
 
 
 def test_kernel_table_sums_gpu_time_per_kernel(tmp_path):
-    # gemm 0-3 and 10-12, copy 11-12 overlapping the second gemm (as a PDL-launched kernel does): busy 5 µs
+    # gemm 0-3 and 10-12, copy 11-12 inside the second gemm, sum 11-15 started early by programmatic dependent launch
+    # (waiting 11-12 for the gemm): busy 8 µs, of which sum's own 3 and copy's none
     events = [{"cat": "kernel", "name": "gemm", "ts": 0.0, "dur": 3.0}, {"cat": "kernel", "name": "gemm", "ts": 10.0, "dur": 2.0},
+              {"cat": "kernel", "name": "sum", "ts": 11.0, "dur": 4.0},
               {"cat": "cpu_op", "name": "aten::mm", "dur": 50.0}, {"cat": "gpu_memcpy", "name": "copy", "ts": 11.0, "dur": 1.0},
               {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "dur": 4.0},
               {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 4.0},
               {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 4.0},
               {"cat": "cuda_runtime", "name": "cudaFuncGetAttributes", "dur": 1.0}]
     with gzip.open(tmp_path / "rank0.pt.trace.json.gz", "wt") as f:
-        json.dump({"traceEvents": events[:2]}, f)
-    (tmp_path / "rank1.pt.trace.json").write_text(json.dumps({"traceEvents": events[2:]}))
-    assert kernel_table(tmp_path) == {"total_us": 6.0, "busy_us": 5.0, "host_calls": {"cudaGraphLaunch": 1, "cudaLaunchKernel": 2},
-                                      "kernels": [["gemm", 5.0], ["copy", 1.0]]}
+        json.dump({"traceEvents": events[:3]}, f)
+    (tmp_path / "rank1.pt.trace.json").write_text(json.dumps({"traceEvents": events[3:]}))
+    assert kernel_table(tmp_path) == {"total_us": 10.0, "busy_us": 8.0, "host_calls": {"cudaGraphLaunch": 1, "cudaLaunchKernel": 2},
+                                      "kernels": [["gemm", 5.0, 5.0], ["sum", 4.0, 3.0], ["copy", 1.0, 0.0]]}
 
 
 def test_attention_backends_run_each_implementation_once_per_backend(monkeypatch, tmp_path):

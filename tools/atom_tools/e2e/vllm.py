@@ -237,30 +237,33 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
 
 
 def kernel_table(profile_dir: Path, top: int = 30) -> dict:
-    """GPU time per kernel name (µs, summed) over the profiler traces under ``profile_dir``; the time the GPU
-    was busy (the union of those intervals: kernels started early by programmatic dependent launch overlap
-    their predecessor and wait for it, so their sum overstates), and how often the host called each CUDA
-    launch entry point of ``LAUNCH_CALLS`` (kernels replayed from a CUDA graph count once, as its
-    ``cudaGraphLaunch``)."""
+    """Over the profiler traces under ``profile_dir``: the time the GPU was busy (the union of the kernel
+    intervals), per kernel name ``[name, summed µs, own µs]`` ranked by own time, and how often the host called
+    each CUDA launch entry point of ``LAUNCH_CALLS`` (kernels replayed from a CUDA graph count once, as its
+    ``cudaGraphLaunch``).  A kernel started early by programmatic dependent launch overlaps its predecessor while
+    it waits for it, so its summed duration includes that wait; its own time is only what it adds to the busy
+    time beyond the kernels that started before it (the own times add up to ``busy_us``)."""
     totals: dict[str, float] = {}
     calls: dict[str, int] = {}
-    intervals: list[tuple[float, float]] = []
+    intervals: list[tuple[float, float, str]] = []
     for trace in sorted(profile_dir.rglob("*.json*")):
         with (gzip.open(trace, "rt") if trace.suffix == ".gz" else open(trace)) as f:
             events = json.load(f).get("traceEvents", [])
         for e in events:
             if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-                totals[e["name"]] = totals.get(e["name"], 0.0) + float(e.get("dur", 0.0))
-                intervals.append((float(e.get("ts", 0.0)), float(e.get("ts", 0.0)) + float(e.get("dur", 0.0))))
+                start, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
+                totals[e["name"]] = totals.get(e["name"], 0.0) + dur
+                intervals.append((start, start + dur, e["name"]))
             elif e.get("cat") == "cuda_runtime" and e.get("name") in LAUNCH_CALLS:
                 calls[e["name"]] = calls.get(e["name"], 0) + 1
-    busy, end = 0.0, float("-inf")
-    for start, stop in sorted(intervals):
-        busy += max(0.0, stop - max(start, end))
+    own = dict.fromkeys(totals, 0.0)
+    end = float("-inf")
+    for start, stop, name in sorted(intervals):
+        own[name] += max(0.0, stop - max(start, end))
         end = max(end, stop)
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
-    return {"total_us": round(sum(totals.values()), 1), "busy_us": round(busy, 1), "host_calls": calls,
-            "kernels": [[n[:120], round(t, 1)] for n, t in ranked[:top]]}
+    ranked = sorted(totals, key=lambda n: (-own[n], -totals[n]))
+    return {"total_us": round(sum(totals.values()), 1), "busy_us": round(sum(own.values()), 1), "host_calls": calls,
+            "kernels": [[n[:120], round(totals[n], 1), round(own[n], 1)] for n in ranked[:top]]}
 
 
 def reference_quantization(model_dir: Path) -> dict:
@@ -490,6 +493,7 @@ def print_table(report: dict) -> None:
                 k = result["kernels"]
                 print(f"{label}: {impl} profiled run {k['wall_us'] / 1e3:.1f} ms wall, GPU busy {k['busy_us'] / 1e3:.1f} ms "
                       f"(kernels summed {k['total_us'] / 1e3:.1f} ms), host calls {k['host_calls']}")
+                print("  own GPU ms: " + ", ".join(f"{row[0][:40]} {row[-1] / 1e3:.2f}" for row in k["kernels"][:8]))
         if "agreement" in entry:
             print(f"{label}: agreement {entry['agreement']}")
         if "against_reference" in entry:
