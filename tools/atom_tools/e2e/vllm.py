@@ -239,7 +239,8 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
 
 def kernel_table(profile_dir: Path, top: int = 30) -> dict:
     """Over the profiler traces under ``profile_dir``: the time the GPU was busy (the union of the kernel
-    intervals), per kernel name ``[name, summed µs, own µs]`` ranked by own time, and how often the host called
+    intervals), how many kernels, copies and memsets it ran (``gpu_ops``: each one costs a launch gap even inside a
+    CUDA graph), per kernel name ``[name, summed µs, own µs]`` ranked by own time, and how often the host called
     each CUDA launch entry point of ``LAUNCH_CALLS`` (kernels replayed from a CUDA graph count once, as its
     ``cudaGraphLaunch``).  A kernel started early by programmatic dependent launch overlaps its predecessor while
     it waits for it, so its summed duration includes that wait; its own time is only what it adds to the busy
@@ -270,7 +271,8 @@ def kernel_table(profile_dir: Path, top: int = 30) -> dict:
         own[name] += max(0.0, stop - max(start, end))
         end = max(end, stop)
     ranked = sorted(totals, key=lambda n: (-own[n], -totals[n]))
-    return {"total_us": round(sum(totals.values()), 1), "busy_us": round(sum(own.values()), 1), "host_calls": calls,
+    return {"total_us": round(sum(totals.values()), 1), "busy_us": round(sum(own.values()), 1),
+            "gpu_ops": len(intervals), "host_calls": calls,
             "kernels": [[n[:120], round(totals[n], 1), round(own[n], 1)] for n in ranked[:top]],
             "host_ops": [[n[:120], c, round(t, 1)] for n, (c, t) in sorted(host.items(), key=lambda kv: -kv[1][1])[:top]]}
 
@@ -501,7 +503,7 @@ def print_table(report: dict) -> None:
             if "kernels" in result:
                 k = result["kernels"]
                 print(f"{label}: {impl} profiled run {k['wall_us'] / 1e3:.1f} ms wall, GPU busy {k['busy_us'] / 1e3:.1f} ms "
-                      f"(kernels summed {k['total_us'] / 1e3:.1f} ms), host calls {k['host_calls']}")
+                      f"(kernels summed {k['total_us'] / 1e3:.1f} ms, {k.get('gpu_ops')} GPU ops), host calls {k['host_calls']}")
                 print("  own GPU ms: " + ", ".join(f"{row[0][:40]} {row[-1] / 1e3:.2f}" for row in k["kernels"][:8]))
         if "agreement" in entry:
             print(f"{label}: agreement {entry['agreement']}")
