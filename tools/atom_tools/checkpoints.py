@@ -68,6 +68,9 @@ SHAPES = {
 LAYER_TYPES = {"Qwen3NextForCausalLM": ["linear_attention"] * 3 + ["full_attention"],
                "Qwen3_5MoeForConditionalGeneration": ["linear_attention"] * 3 + ["full_attention"],
                "GptOssForCausalLM": ["sliding_attention", "full_attention"]}
+# Keys the published configs carry that transformers' config class no longer writes, but a host's own config
+# class reads (SGLang's Qwen3NextConfig places its full-attention layers by `full_attention_interval`).
+PUBLISHED_KEYS = {"Qwen3NextForCausalLM": {"full_attention_interval": 4}}
 # Config keys of a multimodal model's placeholder tokens: random text prompts stay below them (a prompt holding
 # an image or video placeholder without its pixels is no text prompt; ATOM's MRoPE positions refuse it).
 PLACEHOLDER_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
@@ -99,7 +102,10 @@ def checkpoint_config(arch: str, layers: int, shape: dict | None = None):
     if arch in LAYER_TYPES and "layer_types" not in text:
         pattern = LAYER_TYPES[arch]
         text["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
-    return tiny_config(arch, **shape)
+    config = tiny_config(arch, **shape)
+    for key, value in PUBLISHED_KEYS.get(arch, {}).items():
+        setattr(config, key, value)
+    return config
 
 
 def write_checkpoint(arch: str, layers: int, out: Path, dtype: torch.dtype, device: str, shape: dict | None = None) -> Path:

@@ -71,3 +71,18 @@ def test_a_model_with_its_own_shape_gets_it_not_its_architectures():
     assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim) == (576, 30, 3, 64)
     assert config.tie_word_embeddings and config.rope_parameters["rope_theta"] == 100000.0
     assert checkpoint_config(arch, 2).hidden_size == SHAPES[arch]["hidden_size"] == 4096
+
+
+def test_qwen3_next_checkpoint_config_names_its_full_attention_interval(tmp_path):
+    """SGLang's own Qwen3NextConfig places the full-attention layers by the published `full_attention_interval`,
+    which transformers' class no longer writes: the bench's config.json carries it, agreeing with `layer_types`."""
+    import json
+
+    from atom_tools.checkpoints import checkpoint_config
+
+    config = checkpoint_config("Qwen3NextForCausalLM", 8)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    interval = saved["full_attention_interval"]
+    assert interval == 4
+    assert saved["layer_types"] == ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(8)]

@@ -124,8 +124,8 @@ def test_server_args_hybrid_models_and_extras_last(tmp_path):
     args = bench.server_args(tmp_path, "Qwen3NextForCausalLM", "bfloat16", 0.4, "--attention-backend torch_native")
     assert args[:2] == ["--model-path", str(tmp_path)] and "--skip-tokenizer-init" in args
     assert args[args.index("--mem-fraction-static") + 1] == "0.4000"
-    assert bench.HYBRID_SERVER_ARGS == ["--mamba-radix-cache-strategy", "no_buffer"]
-    assert args[-4:] == [*bench.HYBRID_SERVER_ARGS, "--attention-backend", "torch_native"]
+    assert args[-5:] == ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
+                         "--attention-backend", "torch_native"]
     dense = bench.server_args(tmp_path, "Qwen3ForCausalLM", "bfloat16", 0.4, "")
     assert "--mamba-radix-cache-strategy" not in dense and dense[-4:] == ["--attention-backend", "triton",
                                                                          "--sampling-backend", "pytorch"]
@@ -248,3 +248,18 @@ def test_bench_end_to_end_on_the_cpu(tiny_qwen3, tmp_path, monkeypatch, capsys):
         assert sorted(entry["impls"][impl]["batches"]) == ["1", "2"]
         assert entry["impls"][impl]["batches"]["2"]["output_tok_per_s"]["median"] > 0
     assert "ATOM / SGLang tok/s per batch" in capsys.readouterr().out
+
+
+@needs_sglang
+def test_sglang_own_qwen3_next_config_reads_the_bench_checkpoint(tmp_path):
+    """SGLang's own Qwen3NextConfig places its full-attention layers by `full_attention_interval` (its server died
+    on the bench's checkpoint without it): read through SGLang's class, the layer kinds are the checkpoint's."""
+    from sglang.srt.configs.qwen3_next import Qwen3NextConfig
+
+    from atom_tools.checkpoints import checkpoint_config
+
+    checkpoint_config("Qwen3NextForCausalLM", 8).save_pretrained(tmp_path)
+    config = Qwen3NextConfig.from_pretrained(tmp_path)
+    kinds = json.loads((tmp_path / "config.json").read_text())["layer_types"]
+    assert kinds.count("full_attention") == 2
+    assert config.layers_block_type == ["attention" if kind == "full_attention" else kind for kind in kinds]

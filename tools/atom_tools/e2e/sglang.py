@@ -28,8 +28,8 @@ timed run of one is next to the same run of the other, the order swapped every r
 
 Default server arguments on a GPU: ``--attention-backend triton --sampling-backend pytorch`` (the offline bundle
 has neither FA3 nor FlashInfer), SGLang's CUDA graphs; hybrid GDN models also ``--mamba-radix-cache-strategy
-no_buffer`` (what atom-sglang serves; SGLang's own class gets the same).  ``--server-args "..."`` is appended last,
-so it overrides them (e.g. ``--device cpu --attention-backend torch_native`` on a CPU).
+no_buffer --disable-overlap-schedule`` (what atom-sglang serves; SGLang's own class gets the same).
+``--server-args "..."`` is appended last, so it overrides them (e.g. ``--device cpu --attention-backend torch_native`` on a CPU).
 
 ``--attention-backends default,atom`` runs each implementation once per SGLang attention backend
 (``--attention-backend``; ``default`` keeps the one above, ``atom`` is ATOM's paged-attention backend,
@@ -63,7 +63,9 @@ EXTERNAL_PACKAGE = "SGLANG_EXTERNAL_MODEL_PACKAGE"
 IMPLS: dict[str, dict[str, str]] = {"sglang": {}, "atom": {EXTERNAL_PACKAGE: "atom_sglang.models", "ATOM_TAKE_OVER": "all"}}
 SERVED_BY = "atom-sglang: SGLang builds "  # atom_sglang.wrapper's log line when SGLang builds an ATOM class
 DEFAULT_SERVER_ARGS = "--attention-backend triton --sampling-backend pytorch"
-HYBRID_SERVER_ARGS = ["--mamba-radix-cache-strategy", "no_buffer"]  # server_args.py of SGLang 0.5.17-0.5.23
+# server_args.py of SGLang 0.5.17-0.5.23: the no_buffer strategy asserts the overlap scheduler is off (on a GPU it is
+# on by default; a CPU server turns it off itself)
+HYBRID_SERVER_ARGS = ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"]
 
 
 # ---- requests and their streams (no server needed to test these) --------------------------------------------
