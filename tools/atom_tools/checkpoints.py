@@ -69,8 +69,9 @@ LAYER_TYPES = {"Qwen3NextForCausalLM": ["linear_attention"] * 3 + ["full_attenti
                "Qwen3_5MoeForConditionalGeneration": ["linear_attention"] * 3 + ["full_attention"],
                "GptOssForCausalLM": ["sliding_attention", "full_attention"]}
 # Keys the published configs carry that transformers' config class no longer writes, but a host's own config
-# class reads (SGLang's Qwen3NextConfig places its full-attention layers by `full_attention_interval`).
-PUBLISHED_KEYS = {"Qwen3NextForCausalLM": {"full_attention_interval": 4}}
+# class reads (SGLang's Qwen3NextConfig makes layer l full attention where (l + 1) % full_attention_interval == 0:
+# the length of the layer pattern above, whose last layer is the full-attention one).
+PUBLISHED_KEYS = {"Qwen3NextForCausalLM": {"full_attention_interval": len(LAYER_TYPES["Qwen3NextForCausalLM"])}}
 # Config keys of a multimodal model's placeholder tokens: random text prompts stay below them (a prompt holding
 # an image or video placeholder without its pixels is no text prompt; ATOM's MRoPE positions refuse it).
 PLACEHOLDER_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")

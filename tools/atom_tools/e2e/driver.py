@@ -190,8 +190,8 @@ _SMI_FIELDS = ("driver_version", "clocks.max.sm", "clocks.sm", "power.limit")
 
 
 def machine() -> dict:
-    """What tells two machines of one GPU kind apart: the GPU driver, SM clocks and power limit (``nvidia-smi``; an
-    empty dict where it is absent) and the host CPU (its model and count), since vLLM's host loop bounds small batches."""
+    """What tells two machines of one GPU kind apart: the host CPU (its model and count, since vLLM's host loop bounds
+    small batches) and, where ``nvidia-smi`` runs, the GPU driver, SM clocks and power limit."""
     facts = {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():

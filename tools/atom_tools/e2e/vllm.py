@@ -503,7 +503,7 @@ def print_table(report: dict) -> None:
             if "kernels" in result:
                 k = result["kernels"]
                 print(f"{label}: {impl} profiled run {k['wall_us'] / 1e3:.1f} ms wall, GPU busy {k['busy_us'] / 1e3:.1f} ms "
-                      f"(kernels summed {k['total_us'] / 1e3:.1f} ms, {k.get('gpu_ops')} GPU ops), host calls {k['host_calls']}")
+                      f"(kernels summed {k['total_us'] / 1e3:.1f} ms, {k['gpu_ops']} GPU ops), host calls {k['host_calls']}")
                 print("  own GPU ms: " + ", ".join(f"{row[0][:40]} {row[-1] / 1e3:.2f}" for row in k["kernels"][:8]))
         if "agreement" in entry:
             print(f"{label}: agreement {entry['agreement']}")
