@@ -1,11 +1,12 @@
 """The ops as ``torch.ops.atom`` custom ops: torch.compile traces a forward through them in one graph, each op
 is one opaque node, the fake implementations agree with the real ones (torch.library.opcheck), and a compiled
-call returns what the eager call returns (in-place rotations included)."""
+call returns what the eager call returns (the rotary embeddings, traced as out-of-place torch math, included)."""
 
 import inspect
 
 import pytest
 import torch
+from torch._functorch.aot_autograd import aot_module_simplified
 
 from atom_kernels import (
     OPS,
@@ -102,18 +103,15 @@ def test_decoder_block_compiles_into_one_graph_of_atom_ops(backend, rng):
     # fullgraph: no graph break; Dynamo may restart its analysis once (a float argument specialised), so the
     # graph compiled last is the one that runs
     targets = [str(node.target) for node in graphs[-1].graph.nodes if node.op == "call_function"]
-    for op in ("rotary_embedding", "topk_routing", "fused_moe", "silu_and_mul"):
+    for op in ("topk_routing", "fused_moe", "silu_and_mul"):
         assert {f"atom.{op}", f"atom.{op}.default"} & set(targets), f"atom::{op} is not a node of the traced graph: {targets}"
-    # RMSNorm is traced as torch math, which the compiler fuses with its neighbours
-    assert not [t for t in targets if "rms_norm" in t], targets
+    # RMSNorm and the rotary embedding are traced as torch math, which the compiler fuses with its neighbours
+    assert not [t for t in targets if "rms_norm" in t or "rotary" in t], targets
     assert any("rsqrt" in t for t in targets), targets
 
 
 def _opcheck_cases(gen):
     x = torch.randn(T, H, generator=gen)
-    q = torch.randn(T, HEADS * HEAD, generator=gen)
-    k = torch.randn(T, KV_HEADS * HEAD, generator=gen)
-    positions = torch.arange(T)
     x_moe, w13, w2, logits, top_k = _moe_inputs("cpu", gen)
     weights, ids = topk_routing(logits, top_k)
     x_fp8moe, w13_hi, w2_hi, _, _ = _moe_inputs("cpu", gen, experts=4, inter=128, hidden=128)
@@ -128,7 +126,6 @@ def _opcheck_cases(gen):
     qg, sg = quant_fp8(a, 128)
     b_row = torch.rand(96, 1, generator=gen) + 0.01
     ops = torch.ops.atom
-    mrope_positions = torch.stack([positions, positions + 1, positions + 2])
     latent_cache = torch.randn(6, 4, 40, generator=gen)  # 6 blocks of 4 tokens, kv_lora_rank 32 + rope 8
     block_table = torch.tensor([[3, 0, 5, -1], [1, -1, -1, -1], [-1, -1, -1, -1]], dtype=torch.int32)
     mla_args = (torch.randn(3, HEADS, 40, generator=gen), latent_cache, block_table,
@@ -141,9 +138,6 @@ def _opcheck_cases(gen):
     new_kv = [torch.randn(5, KV_HEADS, HEAD, generator=gen) for _ in range(2)]
     return {
         "silu_and_mul": (ops.silu_and_mul, (x,)),
-        "rotary_embedding": (ops.rotary_embedding, (positions, q.clone(), k.clone(), _cache(HEAD), HEAD, True)),
-        "mrope": (ops.mrope, (mrope_positions, q.clone(), k.clone(), _cache(HEAD), HEAD, [4, 2, 2], True, None, None,
-                              1e-6, 0.0)),
         "topk_routing": (ops.topk_routing, (logits, top_k, "softmax", True, None, 1, 1, 1.0)),
         "fused_moe": (ops.fused_moe, (x_moe, w13, w2, weights, ids, None, None, None, None, None, None, None, None,
                                       "silu")),
@@ -215,16 +209,53 @@ def test_traced_forms_equal_eager_calls(rng):
     ]
     for call in calls:
         torch.testing.assert_close(torch.compile(call, backend="aot_eager", fullgraph=True)(), call())
-    q, k = cases["mrope"][1][1:3]
-    pos, cache = cases["mrope"][1][0], cases["mrope"][1][3]
-    want = mrope(pos, q.clone(), k.clone(), cache, HEAD, (4, 2, 2), True)
 
-    def rotate(q, k):
-        return mrope(pos, q, k, cache, HEAD, (4, 2, 2), True)
 
-    got = torch.compile(rotate, backend="aot_eager", fullgraph=True)(q.clone(), k.clone())
+def _qkv_rope_graph(rope, qkv: torch.Tensor, positions: torch.Tensor):
+    """(compiled result, eager result, the call targets of the graph AOT autograd hands the compiler) of ``rope``
+    applied to q and k split off ``qkv`` (views, as a model's QKV projection gives them)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        def keep(graph, inputs):
+            graphs.append(graph)
+            return graph.forward
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep)
+
+    def block(qkv, positions):
+        q, k, v = qkv.split([HEADS * HEAD, KV_HEADS * HEAD, KV_HEADS * HEAD], dim=-1)
+        q, k = rope(positions, q, k)
+        return q * 1.0, k * 1.0, v * 1.0
+
+    got = torch.compile(block, backend=backend, fullgraph=True, dynamic=True)(qkv.clone(), positions)
+    want = block(qkv.clone(), positions)
+    return got, want, [str(node.target) for node in graphs[-1].graph.nodes if node.op == "call_function"]
+
+
+ROPES = {
+    "rotary": lambda positions, q, k: rotary_embedding(positions, q, k, _cache(HEAD), HEAD, True),
+    "rotary_partial_gptj": lambda positions, q, k: rotary_embedding(positions, q, k, _cache(HEAD // 2), HEAD, False),
+    "mrope_normed": lambda positions, q, k: mrope(positions, q, k, _cache(HEAD), HEAD, (HEAD // 2, 0, 0), False,
+                                                  q_weight=torch.linspace(0.5, 1.5, HEAD),
+                                                  k_weight=torch.linspace(1.5, 0.5, HEAD), eps=1e-6),
+    "mrope_3d": lambda positions, q, k: mrope(torch.stack([positions, positions + 1, positions + 2]), q, k,
+                                              _cache(HEAD), HEAD, (4, 2, 2), True),
+}
+
+
+@pytest.mark.parametrize("rope", sorted(ROPES))
+def test_rope_of_qkv_views_is_traced_without_copies(rope, rng):
+    """q and k are views of the QKV projection's output.  An opaque op rotating them in place makes the compiler
+    clone them and scatter the results back (vLLM compiles with auto_functionalized v1: whole extra passes on the
+    GPU); the traced rope is out-of-place torch math: no clone, copy or scatter in the graph, eager's values."""
+    qkv = torch.randn(T, (HEADS + 2 * KV_HEADS) * HEAD, generator=rng)
+    got, want, targets = _qkv_rope_graph(ROPES[rope], qkv, torch.arange(T) + 5)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+    copies = [t for t in targets if any(word in t for word in ("clone", "copy", "scatter", "functionalized"))
+              and "lift_fresh" not in t]  # (lift_fresh_copy: a constant the MRoPE section table makes)
+    assert not copies, targets
 
 
 def test_rope_of_heads_interleaved_with_a_gate_compiles(rng):

@@ -6,12 +6,12 @@ public op (:class:`atom_kernels.dispatch.Op`) calls its ``traced`` form instead:
 op the compiler records as one opaque node, whose fake implementation gives the outputs' shapes and dtypes and
 whose real implementation is the op's ordinary dispatch.  Outside compilation an op never goes through here.
 
-RMSNorm and gated RMSNorm are the exceptions: they are traced as their torch math, for the compiler to fuse (see
-``_rms_norm_traced``).
+RMSNorm, gated RMSNorm and the rotary embeddings are the exceptions: they are traced as their torch math, for the
+compiler to fuse (see ``_rms_norm_traced``, ``_rotary_traced``).
 
 Custom-op schemas hold tensors, numbers, strings, dtypes and lists of them, so ops whose public signature
-takes other objects (``fused_moe``'s :class:`ExpertQuant`) flatten them; ops that write their inputs in place
-(``rotary_embedding``, ``mrope``) declare the mutation and return their inputs.
+takes other objects (``fused_moe``'s :class:`ExpertQuant`) flatten them; an op that writes an input in place
+(``reshape_and_cache``) declares the mutation.
 """
 
 import importlib
@@ -70,54 +70,24 @@ def _silu_and_mul_fake(x: Tensor) -> Tensor:
 _silu_and_mul = define("silu_and_mul", _silu_and_mul_fake, lambda x: _eager("silu_and_mul")(x))
 
 
-# ---- rotary embeddings: q and k rotated in place ---------------------------------------------------------------
-def _rotary_fake(positions: Tensor, q: Tensor, k: Tensor | None, cos_sin_cache: Tensor, head_size: int,
-                 is_neox: bool) -> None:
-    return None
-
-
-def _rotary_impl(positions, q, k, cos_sin_cache, head_size, is_neox):
-    _eager("rotary_embedding")(positions, q, k, cos_sin_cache, head_size, is_neox)
-
-
-_rotary = define("rotary_embedding", _rotary_fake, _rotary_impl, mutates_args=("q", "k"))
-
-
+# ---- rotary embeddings: traced as their torch math, out of place ------------------------------------------------
+# The eager ops rotate q and k in place, and q and k are views of the QKV projection's output.  Traced as an opaque
+# op mutating views, the compiler functionalizes the mutation: it clones q and k and scatters the results back into
+# the projection's output (vLLM compiles with auto_functionalized v1), passes vLLM's own graph does not have.  So
+# the traced form is the reference's out-of-place math, which Inductor fuses with the norms and the split of q, k
+# and v, as it does vLLM's own rotary embedding; every caller takes the returned q and k.
 def _rotary_traced(positions, q, k, cos_sin_cache, head_size, is_neox=True):
-    _rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
-    return q, k
+    from atom_kernels.ops.rotary_embedding.reference import rotated
 
-
-def _mrope_fake(positions: Tensor, q: Tensor, k: Tensor | None, cos_sin_cache: Tensor, head_size: int,
-                mrope_section: list[int], interleaved: bool, q_weight: Tensor | None, k_weight: Tensor | None,
-                eps: float, weight_offset: float) -> None:
-    return None
-
-
-def _mrope_impl(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved, q_weight, k_weight, eps,
-                weight_offset):
-    _eager("mrope")(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved, q_weight=q_weight,
-                    k_weight=k_weight, eps=eps, weight_offset=weight_offset)
-
-
-_mrope = define("mrope", _mrope_fake, _mrope_impl, mutates_args=("q", "k"))
-
-
-def _packed_heads(t: Tensor) -> bool:
-    """Whether each token's heads of ``t`` (``[T, heads * D]`` or ``[T, heads, D]``) are one packed run."""
-    return t.dim() == 2 or (t.stride(2) == 1 and t.stride(1) == t.shape[2])
+    return rotated(positions, q, k, cos_sin_cache, head_size, is_neox)
 
 
 def _mrope_traced(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved=False, *, q_weight=None,
                   k_weight=None, eps=1e-6, weight_offset=0.0):
-    # Inductor fails to lower the in-place write of a view whose heads are not packed (Qwen3-Next's q, interleaved
-    # with its gate: "decompose_auto_functionalized" under dynamic token counts), so such an input is rotated as a
-    # contiguous copy; callers take the returned q and k (every model does).
-    q = q if _packed_heads(q) else q.contiguous()
-    k = k if k is None or _packed_heads(k) else k.contiguous()
-    _mrope(positions, q, k, cos_sin_cache, head_size, list(mrope_section), interleaved, q_weight, k_weight, eps,
-           weight_offset)
-    return q, k
+    from atom_kernels.ops.mrope.reference import rotated
+
+    return rotated(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved, q_weight=q_weight,
+                   k_weight=k_weight, eps=eps, weight_offset=weight_offset)
 
 
 # ---- mixture of experts ------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Plain-torch MRoPE: the specification."""
+"""Plain-torch MRoPE: the specification (:func:`rotated` out of place, as a compiled forward traces it;
+:func:`mrope` in place)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from atom_kernels.ops.rms_norm.reference import rms_norm
-from atom_kernels.ops.rotary_embedding.reference import rotate
+from atom_kernels.ops.rotary_embedding.reference import cos_sin, rotated_heads
 
 
 def check_section(mrope_section: Sequence[int], rotary_dim: int) -> tuple[int, int, int]:
@@ -34,9 +34,12 @@ def section_rows(mrope_section: Sequence[int], interleaved: bool) -> torch.Tenso
 
 def mrope_cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrope_section: Sequence[int],
                   interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos``, ``sin`` ``[T, rotary_dim // 2]`` fp32: each frequency read at its own row's position."""
+    """``cos``, ``sin`` ``[T, rotary_dim // 2]`` fp32: each frequency read at its own row's position (text-only
+    ``[T]`` positions: every row holds the same position, so the plain rotary table rows)."""
     half = cos_sin_cache.shape[-1] // 2
     check_section(mrope_section, 2 * half)
+    if positions.dim() == 1:
+        return cos_sin(positions, cos_sin_cache)
     rows3 = positions.reshape(1, -1).expand(3, -1) if positions.dim() == 1 else positions
     table = cos_sin_cache.float()[rows3.long()]  # [3, T, rotary_dim]
     pick = section_rows(mrope_section, interleaved).to(table.device)
@@ -46,16 +49,19 @@ def mrope_cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrope_se
     return cos, sin
 
 
+def rotated(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved=False, *,
+            q_weight=None, k_weight=None, eps=1e-6, weight_offset=0.0):
+    """``mrope``'s result as new tensors ``(q', k')``; q and k are left as they are."""
+    cos, sin = mrope_cos_sin(positions, cos_sin_cache, mrope_section, interleaved)
+    return (rotated_heads(q, cos, sin, head_size, True, q_weight, eps, weight_offset),
+            rotated_heads(k, cos, sin, head_size, True, k_weight, eps, weight_offset))
+
+
 def mrope(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved=False, *,
           q_weight=None, k_weight=None, eps=1e-6, weight_offset=0.0):
-    rotary_dim = cos_sin_cache.shape[-1]
-    cos, sin = mrope_cos_sin(positions, cos_sin_cache, mrope_section, interleaved)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    for x, weight in ((q, q_weight), (k, k_weight)):
-        if x is None:
-            continue
-        heads = x.view(x.shape[0], -1, head_size)
-        if weight is not None:
-            heads.copy_(rms_norm(heads, weight, eps, None, weight_offset))
-        heads[..., :rotary_dim] = rotate(heads[..., :rotary_dim], cos, sin, True).to(x.dtype)
+    new = rotated(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved, q_weight=q_weight,
+                  k_weight=k_weight, eps=eps, weight_offset=weight_offset)
+    for x, rotated_x in zip((q, k), new):
+        if x is not None:
+            x.copy_(rotated_x)
     return q, k

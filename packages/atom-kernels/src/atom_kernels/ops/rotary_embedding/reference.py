@@ -1,8 +1,13 @@
-"""Plain-torch rotary embedding: the specification."""
+"""Plain-torch rotary embedding: the specification.
+
+:func:`rotated` is the out-of-place form (new tensors, inputs untouched): the specification the in-place
+:func:`rotary_embedding` writes back, and the form a compiled forward traces (``atom_kernels.library``)."""
 
 from __future__ import annotations
 
 import torch
+
+from atom_kernels.ops.rms_norm.reference import rms_norm
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
@@ -14,13 +19,36 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool)
     return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
+def cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos``, ``sin`` ``[T, rotary_dim // 2]`` fp32 at ``positions`` ``[T]``."""
+    return cos_sin_cache.index_select(0, positions.reshape(-1).long()).float().chunk(2, dim=-1)
+
+
+def rotated_heads(x: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool,
+                  weight: torch.Tensor | None = None, eps: float = 1e-6, weight_offset: float = 0.0):
+    """A new tensor of ``x``'s shape and dtype: each head of ``x`` (``[T, heads * head_size]`` or ``[T, heads,
+    head_size]``, any strides) RMS-normalised by ``weight`` when given (rounded to x's dtype), then its first
+    ``2 * cos.shape[-1]`` dims rotated by ``cos``/``sin`` ``[T, rotary_dim // 2]``; None for None."""
+    if x is None:
+        return None
+    heads = x.reshape(x.shape[0], -1, head_size)
+    if weight is not None:
+        heads = rms_norm(heads, weight, eps, None, weight_offset)
+    rotary_dim = 2 * cos.shape[-1]
+    out = rotate(heads[..., :rotary_dim], cos[:, None, :], sin[:, None, :], is_neox).to(x.dtype)
+    if rotary_dim < head_size:
+        out = torch.cat((out, heads[..., rotary_dim:]), dim=-1)
+    return out.reshape(x.shape)
+
+
+def rotated(positions, q, k, cos_sin_cache, head_size, is_neox=True):
+    """``rotary_embedding``'s result as new tensors ``(q', k')``; q and k are left as they are."""
+    cos, sin = cos_sin(positions, cos_sin_cache)
+    return rotated_heads(q, cos, sin, head_size, is_neox), rotated_heads(k, cos, sin, head_size, is_neox)
+
+
 def rotary_embedding(positions, q, k, cos_sin_cache, head_size, is_neox=True):
-    rotary_dim = cos_sin_cache.shape[-1]
-    cos, sin = cos_sin_cache.index_select(0, positions.reshape(-1).long()).float().chunk(2, dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    for x in (q, k):
-        if x is None:
-            continue
-        heads = x.view(x.shape[0], -1, head_size)
-        heads[..., :rotary_dim] = rotate(heads[..., :rotary_dim], cos, sin, is_neox).to(x.dtype)
+    for x, new in zip((q, k), rotated(positions, q, k, cos_sin_cache, head_size, is_neox)):
+        if x is not None:
+            x.copy_(new)
     return q, k
