@@ -304,7 +304,63 @@ def moe_align_cases():
                      BLOCK_M=s.block_m, ROWS=s.rows, PDL=True), [], s.num_warps, launch_pdl=True))
 
 
+def _signature(fn, ints: set[str], floats: set[str], dtypes: dict[str, str]) -> dict:
+    """``fn``'s signature for ASTSource: tensors ``*<dtype>`` (``dtypes``, default fp32), ``ints`` i32, ``floats`` fp32,
+    constexprs as such."""
+    import inspect
+
+    out = {}
+    for name, param in inspect.signature(fn.fn).parameters.items():
+        if param.annotation is not inspect.Parameter.empty and "constexpr" in str(param.annotation):
+            out[name] = "constexpr"
+        elif name in ints:
+            out[name] = "i32"
+        elif name in floats:
+            out[name] = "fp32"
+        else:
+            out[name] = dtypes.get(name, "*fp32")
+    return out
+
+
+def attention_cases():
+    """The split-K attention kernels with runtime sequence and split counts (``_splitk``): paged attention's decode and
+    prefill tiles, written directly or split, the combine, and MLA decode (bf16, as the hosts run them)."""
+    import torch
+
+    from atom_kernels.ops._splitk import _combine_kernel
+    from atom_kernels.ops._triton_common import dot_dtype, dot_precision
+    from atom_kernels.ops.mla_decode.triton import _split_kernel as mla_split
+    from atom_kernels.ops.paged_attention.triton import SEQ_BLOCK
+    from atom_kernels.ops.paged_attention.triton import _split_kernel as paged_split
+
+    dot, prec = dot_dtype(torch.bfloat16), dot_precision(torch.bfloat16)
+    bf16 = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "cache_ptr", "sinks_ptr", "out_ptr")}
+    ints = {"bt_ptr", "lens_ptr", "qsl_ptr"}
+    paged_sig = _signature(paged_split, {"sq_t", "sq_h", "sk_blk", "sk_tok", "sk_h", "sv_blk", "sv_tok", "sv_h", "sbt_b",
+                                         "so_t", "so_h", "so_s", "slse_t", "slse_h", "num_seqs", "splits", "window"},
+                           {"scale", "soft_cap"}, {**bf16, **{n: "*i32" for n in ints}})
+    for tile, (block_m, block_q) in (("decode", (16, 4)), ("prefill", (64, 16))):
+        for direct in (True, False):
+            constexprs = dict(G=4, GP2=4, BLOCK_Q=block_q, BLOCK_M=block_m, D=128, BD=128, PAGE=16, BLOCK_N=64,
+                              SEQ_BLOCK=SEQ_BLOCK, HAS_SINKS=False, SOFT_CAP=False, WINDOW=False, HAS_K_SCALE=False,
+                              HAS_V_SCALE=False, DIRECT=direct, DOT=dot, PREC=prec, USE_WHILE=False, STAGES=2)
+            sig = {**paged_sig, "o_ptr": "*bf16" if direct else "*fp32"}  # the output, or the fp32 parts
+            yield f"paged_attention_{tile}_{'direct' if direct else 'split'}", (
+                lambda c=constexprs, s=sig: compile_sm90(paged_split, s, c, ["q_ptr", "k_ptr", "v_ptr"]))
+    combine_sig = _signature(_combine_kernel, {"sp_r", "sp_h", "sp_s", "slse_r", "slse_h", "so_r", "so_h", "H", "splits"},
+                             set(), {"out_ptr": "*bf16"})
+    yield "splitk_combine", lambda: compile_sm90(_combine_kernel, combine_sig,
+                                                 dict(W=128, BW=128, MAX_SPLITS_P2=32, USE_WHILE=False), [])
+    mla_sig = _signature(mla_split, {"sq_b", "sq_h", "sc_blk", "sc_tok", "sbt_b", "so_b", "so_h", "so_s", "slse_b",
+                                     "slse_h", "H", "splits"}, {"scale_log2"},
+                         {**bf16, "bt_ptr": "*i32", "lens_ptr": "*i32"})
+    yield "mla_decode_split", lambda: compile_sm90(mla_split, mla_sig, dict(
+        L=512, R=64, BL=512, BR=64, PAGE=64, HEAD_GROUPS=8, BLOCK_H=16, BLOCK_N=32, DIRECT=False, DOT=dot, PREC=prec,
+        USE_WHILE=False, STAGES=2), ["q_ptr", "cache_ptr"])
+
+
 def cases():
+    yield from attention_cases()
     yield from pdl_cases()
     yield from moe_align_cases()
     yield from small_m_cases()

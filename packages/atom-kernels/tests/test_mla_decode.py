@@ -17,6 +17,8 @@ import torch
 from helpers import assert_close, assert_graph_capturable, rel_err
 
 from atom_kernels import mla_decode
+from atom_kernels.compile_keys import recording, size_specializations
+from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.ops.mla_decode import triton as mla_triton
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -137,3 +139,17 @@ def test_cuda_graph_replays_new_lengths_and_tables():
     assert_close(captured, want, BF16)
 
 
+
+
+@pytest.mark.skipif(not triton_interpreting(), reason="records the launches Triton's interpreter runs (CPU)")
+def test_new_batch_compositions_compile_nothing_new(rng):
+    """The split count and the strides that follow it are runtime arguments: decode steps of 1-200 sequences over
+    short and long contexts compile one variant per output path (one split written directly / split and combined)."""
+    compositions = [[5], [1, 40, 700], [300] * 17, [9] * 200, [3000] * 3, [0, 12, 64]]
+    with recording(launch=False) as keys:
+        for lens in compositions:
+            q, cache, table, seq_lens, scale = paged_case(lens, 16, 64, 16, 16, FP32, "cpu", rng)
+            mla_triton.mla_decode(q, cache, table, seq_lens, scale, 64)
+    assert size_specializations(keys) == {}
+    assert len({tuple(k for k in key if k[1] == "const") for key in keys["_split_kernel"]}) <= 2, keys["_split_kernel"]
+    assert len(keys["_combine_kernel"]) == 1, keys["_combine_kernel"]

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from helpers import assert_close, assert_graph_capturable, rel_err
 
 from atom_kernels import paged_attention, reshape_and_cache
+from atom_kernels.compile_keys import recording, size_specializations
+from atom_kernels.dispatch import triton_interpreting
 from atom_kernels.ops.paged_attention import triton as pa_triton
 
 BF16, FP32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
@@ -68,6 +70,9 @@ CASES = {
     "prefill-d256-bf16-page64": ([3, 1, 18], [40, 90, 18], 4, 4, 256, 64, BF16, None, {}, 2),
     "decode-long-gqa4-fp32-default": ([1] * 2, [2048, 3], 8, 2, 128, 16, FP32, None, {}, None),
     "fp8-kv-gqa4-bf16-empty-row": ([3, 1, 0, 1], [40, 90, 0, 129], 8, 2, 64, 16, BF16, FP8, {"soft_cap": 30.0}, 2),
+    # more sequences than a program reads per step while finding its own (SEQ_BLOCK): decodes then two prefills
+    "mixed-70-seqs-3splits": ([1] * 68 + [6, 3], [1 + 7 * i % 50 for i in range(68)] + [30, 3], 4, 2, 64, 16, FP32,
+                              None, {}, 3),
 }
 
 
@@ -83,6 +88,23 @@ def test_triton_matches_reference(name, device, rng):
     assert out.shape == args[0].shape and out.dtype == dtype
     assert_close(out, ref, dtype)
     print(f"{name}: rel err {rel_err(out, ref):.2e}, max abs {(out.float() - ref.float()).abs().max().item():.2e}")
+
+
+@pytest.mark.skipif(not triton_interpreting(), reason="records the launches Triton's interpreter runs (CPU)")
+def test_new_batch_compositions_compile_nothing_new(rng):
+    """The sequence count, the split count and the strides that follow it are runtime arguments: serving steps of
+    1-300 sequences, decode and prefill, short and long contexts compile one variant per tile class (decode /
+    prefill) and output path (one split written directly / split and combined), whatever the step."""
+    compositions = [([1], [5]), ([1] * 3, [1, 40, 700]), ([1] * 17, [300] * 17), ([1] * 300, [9] * 300),
+                    ([7], [7]), ([1, 1, 12], [50, 2, 900]), ([33] * 5, [40] * 5), ([1] * 64 + [9], [3000] * 65)]
+    with recording(launch=False) as keys:
+        for q_lens, lens in compositions:
+            args, _ = paged_case(q_lens, lens, 8, 2, 64, 16, FP32, "cpu", rng)
+            pa_triton.paged_attention(*args)
+    assert size_specializations(keys) == {}
+    split_variants = {tuple(k for k in key if k[1] == "const") for key in keys["_split_kernel"]}
+    assert len(split_variants) <= 4, split_variants
+    assert len(keys["_combine_kernel"]) == 1, keys["_combine_kernel"]
 
 
 def dense_causal(q, k, v, scale, window=None):

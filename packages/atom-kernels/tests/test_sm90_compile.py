@@ -41,6 +41,14 @@ def _ok(compiled, name):
     return case
 
 
+@pytest.mark.parametrize("name", ["paged_attention_decode_direct", "paged_attention_decode_split",
+                                  "paged_attention_prefill_direct", "paged_attention_prefill_split", "splitk_combine",
+                                  "mla_decode_split"])
+def test_split_k_attention_kernels_compile(compiled, name):
+    """Runtime sequence and split counts (loops over them, not constexpr unrolls) compile for sm_90."""
+    _ok(compiled, name)
+
+
 def test_quant_fp8_kernels_compile(compiled):
     assert _ok(compiled, "quant_rows")["ptx_div_rn"]  # the reciprocal is IEEE division, as the reference's
     _ok(compiled, "quant_groups")

@@ -62,13 +62,13 @@ def _step(n0, m, l, acc, q_lat, q_pe, cache_ptr, bt_row_ptr, end, cols_l, cols_r
     return latent_fold(m, l, acc, q_lat, q_pe, row, ok, cols_l, cols_r, l_ok, r_ok, scale_log2, L, DOT, PREC)
 
 
-@triton.jit(do_not_specialize=["sbt_b"])
+@triton.jit(do_not_specialize=["sbt_b", "splits", "so_b", "so_h", "so_s", "slse_b", "slse_h"])
 def _split_kernel(
     q_ptr, cache_ptr, bt_ptr, lens_ptr, o_ptr, lse_ptr,
     sq_b, sq_h, sc_blk, sc_tok, sbt_b, so_b, so_h, so_s, slse_b, slse_h,
-    H, scale_log2,
+    H, splits, scale_log2,
     L: tl.constexpr, R: tl.constexpr, BL: tl.constexpr, BR: tl.constexpr, PAGE: tl.constexpr,
-    HEAD_GROUPS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_GROUPS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, USE_WHILE: tl.constexpr, STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -82,7 +82,7 @@ def _split_kernel(
     r_ok = cols_r < R
 
     seq_len = tl.load(lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(seq_len, SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(seq_len, splits), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
@@ -131,11 +131,11 @@ def mla_decode(q, cache, block_table, seq_lens, scale, kv_lora_rank, config: Con
         q, cache, block_table, seq_lens, parts.o_part, parts.lse,
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_table.stride(0),
         parts.so_row, parts.so_head, parts.so_split, parts.slse_row, parts.slse_head,
-        heads, scale * LOG2E,
+        heads, splits, scale * LOG2E,
         L=latent, R=rope, BL=triton.next_power_of_2(latent), BR=max(16, triton.next_power_of_2(rope)), PAGE=page,
-        HEAD_GROUPS=head_groups, SPLITS=splits, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DIRECT=parts.direct,
+        HEAD_GROUPS=head_groups, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DIRECT=parts.direct,
         DOT=dot, PREC=dot_precision(q.dtype), USE_WHILE=use_while(), STAGES=cfg.num_stages,
         num_warps=cfg.num_warps,
     )
-    splitk.combine_splits(parts, out)
+    splitk.combine_splits(parts, out, MAX_SPLITS)
     return out

@@ -34,6 +34,7 @@ from atom_kernels.ops._triton_common import FLOAT_DTYPES, dot_dtype, dot_precisi
 from atom_kernels.ops.paged_attention.reference import check_paged_args
 
 MAX_SPLITS = 32
+SEQ_BLOCK = 64  # sequences a program reads per step while it finds its own
 MAX_HEAD_DIM = 256
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
@@ -104,13 +105,25 @@ def _step(n0, m, l, acc, q, k_ptr, v_ptr, bt_row_ptr, end, q_pos, cols, d_ok, sk
     return m_new, l, acc
 
 
-@triton.jit(do_not_specialize=["sbt_b"])
+@triton.jit
+def _seqs_started(qsl_ptr, s0, num_seqs, tile, BLOCK_Q: tl.constexpr, SEQ_BLOCK: tl.constexpr):
+    """How many of sequences ``s0 .. s0 + SEQ_BLOCK - 1`` have their first tile (``query_start_loc[b] // BLOCK_Q +
+    b``) at or before ``tile``."""
+    seqs = s0 + tl.arange(0, SEQ_BLOCK)
+    ok = seqs < num_seqs
+    firsts = tl.load(qsl_ptr + seqs, mask=ok, other=0) // BLOCK_Q + seqs
+    return tl.sum(((firsts <= tile) & ok).to(tl.int32), 0)
+
+
+# The sequence count and the split count follow the step: runtime arguments, never specialized (a new batch
+# composition compiles nothing); the constexprs take one value per model and tile class.
+@triton.jit(do_not_specialize=["sbt_b", "num_seqs", *splitk.SPLIT_ARGS])
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, qsl_ptr, sinks_ptr, ks_ptr, vs_ptr, o_ptr, lse_ptr,
     sq_t, sq_h, sk_blk, sk_tok, sk_h, sv_blk, sv_tok, sv_h, sbt_b, so_t, so_h, so_s, slse_t, slse_h,
-    num_seqs, scale, soft_cap, window,
+    num_seqs, splits, scale, soft_cap, window,
     G: tl.constexpr, GP2: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
-    BD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SEQS_P2: tl.constexpr,
+    BD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SEQ_BLOCK: tl.constexpr,
     HAS_SINKS: tl.constexpr, SOFT_CAP: tl.constexpr, WINDOW: tl.constexpr, HAS_K_SCALE: tl.constexpr,
     HAS_V_SCALE: tl.constexpr, DIRECT: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
     USE_WHILE: tl.constexpr, STAGES: tl.constexpr,
@@ -118,10 +131,17 @@ def _split_kernel(
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    # the sequence of this tile: the last one whose first tile (query_start_loc[b] // BLOCK_Q + b) is <= tile
-    seqs = tl.arange(0, SEQS_P2)
-    firsts = tl.load(qsl_ptr + seqs, mask=seqs < num_seqs, other=0) // BLOCK_Q + seqs
-    seq = tl.maximum(tl.sum(((firsts <= tile) & (seqs < num_seqs)).to(tl.int32), 0) - 1, 0)
+    # the sequence of this tile: the last one whose first tile is <= tile
+    started = 0
+    if USE_WHILE:  # the CPU interpreter (see _triton_common)
+        s0 = 0
+        while s0 < num_seqs:
+            started += _seqs_started(qsl_ptr, s0, num_seqs, tile, BLOCK_Q, SEQ_BLOCK)
+            s0 += SEQ_BLOCK
+    else:
+        for s0 in tl.range(0, num_seqs, SEQ_BLOCK):
+            started += _seqs_started(qsl_ptr, s0, num_seqs, tile, BLOCK_Q, SEQ_BLOCK)
+    seq = tl.maximum(started - 1, 0)
     q_first = tl.load(qsl_ptr + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - q_first
     q_begin = (tile - (q_first // BLOCK_Q + seq)) * BLOCK_Q  # this tile's first query within the sequence
@@ -141,7 +161,7 @@ def _split_kernel(
         lo = 0
         if WINDOW:
             lo = tl.maximum(context - q_len + q_begin - window + 1, 0)
-        per_split = tl.cdiv(tl.cdiv(hi - lo, SPLITS), BLOCK_N) * BLOCK_N
+        per_split = tl.cdiv(tl.cdiv(hi - lo, splits), BLOCK_N) * BLOCK_N
         start = lo + split * per_split
         end = tl.minimum(start + per_split, hi)
 
@@ -215,13 +235,13 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
         parts.so_row, parts.so_head, parts.so_split, parts.slse_row, parts.slse_head,
-        batch, float(scale), float(soft_cap or 1.0), int(sliding_window or 0),
+        batch, splits, float(scale), float(soft_cap or 1.0), int(sliding_window or 0),
         G=group, GP2=group_p2, BLOCK_Q=block_q, BLOCK_M=block_m, D=dim, BD=bd,
-        PAGE=page, BLOCK_N=block_n, SPLITS=splits, SEQS_P2=triton.next_power_of_2(batch),
+        PAGE=page, BLOCK_N=block_n, SEQ_BLOCK=SEQ_BLOCK,
         HAS_SINKS=sinks is not None, SOFT_CAP=soft_cap is not None, WINDOW=sliding_window is not None,
         HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None, DIRECT=parts.direct,
         DOT=dot_dtype(q.dtype), PREC=dot_precision(q.dtype), USE_WHILE=use_while(), STAGES=cfg.num_stages,
         num_warps=num_warps,
     )
-    splitk.combine_splits(parts, out)
+    splitk.combine_splits(parts, out, MAX_SPLITS)
     return out
