@@ -31,10 +31,10 @@ def test_cpu_keeps_the_hosts_class(host):
 
 def test_cuda_follows_the_measurements():
     assert decide("vllm", CUDA, "Qwen3ForCausalLM", True).atom
-    slower = decide("vllm", CUDA, "LlamaForCausalLM", True)
-    assert not slower.atom and "measured slower" in slower.reason and "vllm-e2e-llama3-8b.json" in slower.reason
+    llama = decide("vllm", CUDA, "LlamaForCausalLM", True)  # the newest run: 1.00x / 0.98x
+    assert llama.atom and "vllm-e2e-llama-qwen3-8b.json" in llama.reason
     assert decide("vllm", CUDA, "Qwen3MoeForCausalLM", True).atom  # the newest run: 1.03x / 1.01x
-    unmeasured = decide("vllm", CUDA, "MixtralForCausalLM", True)
+    unmeasured = decide("vllm", CUDA, "Glm4MoeForCausalLM", True)
     assert not unmeasured.atom and "no measured fast path" in unmeasured.reason
     assert decide("sglang", CUDA, "Qwen3MoeForCausalLM", True).atom  # measured inside SGLang
     assert not decide("sglang", CUDA, "LlamaForCausalLM", True).atom  # vLLM's numbers say nothing about SGLang
@@ -73,12 +73,20 @@ def test_switch_value_naming_no_architecture_is_an_error(monkeypatch, value):
 
 
 def test_summary_names_every_architecture_once():
-    decisions = takeover.decide_all("vllm", CUDA, ALL_ARCHS, ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+    decisions = takeover.decide_all("vllm", CUDA, ALL_ARCHS, ["LlamaForCausalLM", "Qwen3ForCausalLM", "Glm4MoeForCausalLM"])
     lines = takeover.summary("vllm", CUDA, decisions)
     assert [line.split(",")[0].split(" serve")[0] for line in lines] == ["ATOM's classes", "vLLM's own classes"]
     for arch in ALL_ARCHS:
         assert sum(f" {arch}," in line or f" {arch} (" in line for line in lines) == 1, arch
-    assert "LlamaForCausalLM (ATOM's measured slower in vLLM on CUDA" in lines[1]
+    assert "Glm4MoeForCausalLM (ATOM has no measured fast path in vLLM on CUDA" in lines[1]
+
+
+def test_a_row_below_parity_keeps_the_hosts_class(monkeypatch):
+    slower = takeover.Measured("vllm", CUDA, "Glm4MoeForCausalLM", takeover.PARITY - 0.01, "bench/results/x.json", "")
+    monkeypatch.setattr(takeover, "MEASURED", (*takeover.MEASURED, slower))
+    d = decide("vllm", CUDA, "Glm4MoeForCausalLM", True)
+    assert not d.atom and "measured slower in vLLM on CUDA" in d.reason and "bench/results/x.json" in d.reason
+    assert decide("sglang", CUDA, "Glm4MoeForCausalLM", False).atom  # a host without its own class: ATOM's
 
 
 def output_ratio(path: Path, arch: str, host: str) -> float:

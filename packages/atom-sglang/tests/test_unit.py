@@ -149,7 +149,8 @@ def test_every_catalog_architecture_is_served_or_refused(monkeypatch, caplog):
 
 
 @pytest.mark.parametrize("platform, switch, expected", [
-    ("cpu", None, []), ("cuda", None, ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]),  # takeover's measured SGLang rows
+    ("cpu", None, []),
+    ("cuda", None, ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM"]),  # takeover's SGLang rows
     ("cpu", "Qwen3ForCausalLM", ["Qwen3ForCausalLM"]),
     ("cpu", "none", []), ("cpu", "all", [a for a in catalog.ARCHITECTURES if not capabilities.missing(catalog.get(a))]),
 ])

