@@ -105,6 +105,16 @@ def test_new_batch_compositions_compile_nothing_new(rng):
     split_variants = {tuple(k for k in key if k[1] == "const") for key in keys["_split_kernel"]}
     assert len(split_variants) <= 4, split_variants
     assert len(keys["_combine_kernel"]) == 1, keys["_combine_kernel"]
+    # warm_up compiles exactly those variants (a host calls it on its first eager step): one dummy step each
+    q, k_cache, v_cache, *_, scale = paged_case([1], [5], 8, 2, 64, 16, FP32, "cpu", rng)[0]
+    warm_key = (q.dtype, *q.shape[1:], k_cache.dtype, *k_cache.shape[1:], q.device) + (False,) * 5
+    pa_triton._WARM.discard(warm_key)
+    with recording(launch=False) as warmed:
+        pa_triton.warm_up(q, k_cache, v_cache, scale)
+    assert warmed == keys
+    with recording(launch=False) as again:
+        pa_triton.warm_up(q, k_cache, v_cache, scale)
+    assert not again  # once per kind of call
 
 
 def dense_causal(q, k, v, scale, window=None):

@@ -40,6 +40,7 @@ import torch
 
 from atom_core.errors import UnsupportedConfigError
 from atom_kernels import paged_attention, reshape_and_cache
+from atom_kernels.ops.paged_attention import warm_up
 from atom_sglang import compat
 
 logger = logging.getLogger(__name__)
@@ -158,6 +159,7 @@ class AtomAttnBackend(compat.attention_backend_base()):
             raise _refuse(f"the runner's page size {self.page_size} != its KV pool's {pool.page_size}")
         self.forward_metadata: Metadata | None = None
         self._checked_layers: set[int] = set()
+        self._warm_layers: set[int] = set()  # layers whose kernel variants are compiled (on their first eager step)
         self._graph: Metadata | None = None  # static buffers of CUDA-graph capture / replay
 
     # ------------------------------------------------------------------------------------------ metadata
@@ -293,6 +295,8 @@ class AtomAttnBackend(compat.attention_backend_base()):
         )
         if first:
             self._check_kernel(layer, args, options)
+        if layer.layer_id not in self._warm_layers and warm_up(args[0], k_cache, v_cache, layer.scaling, **options):
+            self._warm_layers.add(layer.layer_id)
         out = paged_attention(*args, **options)
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 

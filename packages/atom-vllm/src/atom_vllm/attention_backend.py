@@ -43,6 +43,7 @@ from vllm.v1.attention.backend import (
 
 from atom_core.errors import AtomError
 from atom_kernels import paged_attention, reshape_and_cache
+from atom_kernels.ops.paged_attention import warm_up
 from atom_vllm import compat
 
 NAME = compat.CUSTOM_ATTENTION_BACKEND  # what --attention-backend takes, and what get_name() must return
@@ -161,6 +162,7 @@ class AtomAttentionImpl(AttentionImpl[AtomAttentionMetadata]):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.sinks = sinks
         self.fp8 = kv_cache_dtype in FP8_CACHE_DTYPES
+        self.warm = False  # the op's kernel variants compiled (its first eager step, before any request)
 
     def _caches(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V as ``[num_blocks, block_size, kv_heads, head_size]`` views of vLLM's logical
@@ -192,8 +194,11 @@ class AtomAttentionImpl(AttentionImpl[AtomAttentionMetadata]):
         k_cache, v_cache = self._caches(kv_cache)
         k_scale, v_scale = self._scales(layer)
         m = attn_metadata
+        options = dict(sliding_window=self.sliding_window, sinks=self.sinks, soft_cap=self.soft_cap, k_scale=k_scale,
+                       v_scale=v_scale)
+        if not self.warm:
+            self.warm = warm_up(query, k_cache, v_cache, self.scale, **options)
         out = paged_attention(query, k_cache, v_cache, m.block_table, m.seq_lens, m.query_start_loc, self.scale,
-                              sliding_window=self.sliding_window, sinks=self.sinks, soft_cap=self.soft_cap,
-                              k_scale=k_scale, v_scale=v_scale)
+                              **options)
         output.copy_(out.view_as(output))
         return output

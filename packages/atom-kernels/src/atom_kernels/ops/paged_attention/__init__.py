@@ -22,6 +22,25 @@ convention).  Scores are ``scale * q·k`` (times ``k_scale``), then ``soft_cap *
 is ``[T, H, D]`` in q's dtype.  The Triton path is CUDA-graph capturable: no host reads, grid from shapes.
 """
 
+import torch
+
 from atom_kernels.dispatch import register_op
 
 paged_attention = register_op("paged_attention", __name__)
+
+
+def warm_up(q, k_cache, v_cache, scale, **options) -> bool:
+    """Compile, before serving, every kernel variant that calls like ``paged_attention(q, k_cache, v_cache, ...,
+    scale, **options)`` can launch (Triton; other backends compile nothing).  True once warm, False while the
+    current CUDA stream is being captured (nothing may run then: call again on a later eager step).  A host's
+    attention backend calls it on its first eager step, so no request pays a compile."""
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    probe = torch.zeros(1, 1, dtype=torch.int32, device=q.device)
+    starts = torch.zeros(2, dtype=torch.int32, device=q.device)
+    backend, _ = paged_attention.resolve(q[:1], k_cache, v_cache, probe, probe[0], starts, scale, **options)
+    if backend == "triton":
+        from atom_kernels.ops.paged_attention.triton import warm_up as triton_warm_up
+
+        triton_warm_up(q, k_cache, v_cache, scale, **options)
+    return True

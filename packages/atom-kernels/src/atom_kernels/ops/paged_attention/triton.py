@@ -245,3 +245,28 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
     )
     splitk.combine_splits(parts, out, MAX_SPLITS)
     return out
+
+
+_WARM: set[tuple] = set()
+
+
+def warm_up(q, k_cache, v_cache, scale, *, sliding_window=None, sinks=None, soft_cap=None, k_scale=None,
+            v_scale=None) -> None:
+    """Compile every variant the host's steps can launch for calls like this one (q's dtype, heads and head dim, the
+    caches' dtype and block shape, which options are present), once per such kind: one dummy one-sequence step of
+    each tile class (a decode token, a three-token prefill) written directly and split in two, reading block 0 of
+    the given caches into a scratch output (nothing else written)."""
+    key = (q.dtype, *q.shape[1:], k_cache.dtype, *k_cache.shape[1:], q.device, sliding_window is not None,
+           sinks is not None, soft_cap is not None, k_scale is not None, v_scale is not None)
+    if key in _WARM:
+        return
+    page = k_cache.shape[1]
+    for tokens in (1, 3):
+        table = torch.zeros(1, triton.cdiv(tokens, page), dtype=torch.int32, device=q.device)
+        lens = torch.tensor([tokens], dtype=torch.int32, device=q.device)
+        starts = torch.tensor([0, tokens], dtype=torch.int32, device=q.device)
+        for splits in (1, 2):
+            paged_attention(q.new_zeros(tokens, *q.shape[1:]), k_cache, v_cache, table, lens, starts, scale,
+                            sliding_window=sliding_window, sinks=sinks, soft_cap=soft_cap, k_scale=k_scale,
+                            v_scale=v_scale, config=Config(splits=splits))
+    _WARM.add(key)
