@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -162,6 +163,14 @@ class FakeServer:
             raise RuntimeError("server gone")
         return {"tok_per_s": float(len(prompts)), "ttft_ms": 1.0, "tpot_ms": 2.0}
 
+    def profiled_run(self, prompts, max_new_tokens, trace_dir):
+        """A trace of two kernels, 3 and 5 µs, the second starting inside the first."""
+        FakeServer.log.append(("profiled", self.impl, len(prompts), max_new_tokens))
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        events = [{"cat": "kernel", "name": "k1", "ts": 0.0, "dur": 3.0}, {"cat": "kernel", "name": "k2", "ts": 2.0, "dur": 5.0}]
+        (trace_dir / "x-TP-0.trace.json").write_text(json.dumps({"traceEvents": events}))
+        return 0.5
+
     def close(self):
         FakeServer.log.append(("close", self.impl))
 
@@ -187,6 +196,22 @@ def test_compare_alternates_saves_each_step_and_keeps_what_a_cut_off_run_measure
     assert [impl for impl, _ in runs] == ["sglang", "atom", "sglang", "atom", "atom", "sglang"]
     assert runs[2][1] == runs[3][1] and runs[4][1] == runs[5][1]
     assert FakeServer.log[-2:] == [("close", "sglang"), ("close", "atom")]
+
+
+def test_profile_runs_each_server_once_after_the_timed_runs(monkeypatch, tmp_path):
+    monkeypatch.setattr(FakeServer, "log", [])
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 512}))
+    args = bench.parse_args(["--out", str(tmp_path / "o.json"), "--repeats", "1", "--profile",
+                             "--profile-prompt-len", "4", "--profile-output-len", "6"])
+    entry = {"model": "m", "arch": "Qwen3ForCausalLM", "format": "bf16"}
+    bench.compare(entry, tmp_path, ["sglang", "atom"], [2, 8], args, [[5, 6, 7]], lambda: None, start_server=FakeServer)
+    assert [e for e in FakeServer.log if e[0] == "profiled"] == [("profiled", "sglang", 2, 6), ("profiled", "atom", 2, 6)]
+    assert FakeServer.log.index(("profiled", "sglang", 2, 6)) > max(i for i, e in enumerate(FakeServer.log) if e[0] == "run")
+    for impl in ("sglang", "atom"):
+        kernels = entry["impls"][impl]["kernels"]
+        assert (kernels["batch"], kernels["prompt_len"], kernels["output_len"], kernels["wall_us"]) == (2, 4, 6, 500000.0)
+        assert kernels["busy_us"] == 7.0 and kernels["kernels"][0][:2] == ["k2", 5.0]  # own time: 4 of its 5 µs
+        assert (Path(args.log_dir) / f"profile-m-bf16-{impl}").is_dir()
 
 
 def test_attention_backends_make_one_server_per_implementation_and_backend(monkeypatch, tmp_path):

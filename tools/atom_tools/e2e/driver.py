@@ -157,6 +157,12 @@ def parser(prog: str, description: str, default_impls: str) -> argparse.Argument
                      help="keep the random checkpoints in --workdir/checkpoints and reuse finished ones on the next "
                           "run (a GPU call too short for writing and measuring a large model does the writing once)")
     out.add_argument("--out", required=True, help="the report (JSON), rewritten after every step")
+    out.add_argument("--profile", action="store_true",
+                     help="kernel times over one run of the first batch size, from the host's torch profiler")
+    out.add_argument("--profile-prompt-len", type=int, default=32,
+                     help="the profiled run's prompt length (default 32 with 64 output tokens: mostly decode steps)")
+    out.add_argument("--profile-output-len", type=int, default=64)
+    out.add_argument("--traces-out", default=None, help="keep the profiler traces in this directory")
     return out
 
 

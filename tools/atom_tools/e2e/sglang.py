@@ -24,7 +24,10 @@ timed run of one is next to the same run of the other, the order swapped every r
   token's arrival after the request was sent, TPOT the time from the first token to the last over the tokens after
   the first; output tokens/s = batch * output_len / (last arrival of the run - first request sent).  Per run the
   median TTFT and TPOT over its requests; per batch size median, min and max over the runs;
-* start-up: from ``launch_server``'s start to the first 200 of ``/health`` (weights, CUDA graphs, warm-up).
+* start-up: from ``launch_server``'s start to the first 200 of ``/health`` (weights, CUDA graphs, warm-up);
+* optionally (``--profile``) GPU kernel time per kernel name over one run of the first batch size
+  (``--profile-prompt-len`` / ``--profile-output-len``), from SGLang's torch profiler (``/start_profile``,
+  ``/stop_profile``; :func:`atom_tools.e2e.profile.kernel_table`), beside that run's wall time.
 
 Default server arguments on a GPU: ``--attention-backend triton --sampling-backend pytorch`` (the offline bundle
 has neither FA3 nor FlashInfer), SGLang's CUDA graphs; hybrid GDN models also ``--mamba-radix-cache-strategy
@@ -58,6 +61,7 @@ from pathlib import Path
 from atom_core import catalog
 from atom_tools.e2e import driver
 from atom_tools.e2e.driver import AGREEMENT_TOKENS, checkpoint_prompt_vocab, compare_agreement, random_prompts, spread
+from atom_tools.e2e.profile import kernel_table
 
 EXTERNAL_PACKAGE = "SGLANG_EXTERNAL_MODEL_PACKAGE"
 IMPLS: dict[str, dict[str, str]] = {"sglang": {}, "atom": {EXTERNAL_PACKAGE: "atom_sglang.models", "ATOM_TAKE_OVER": "all"}}
@@ -269,6 +273,30 @@ class Server:
             raise RuntimeError(f"the {self.impl} server failed {len(failed)} of {len(prompts)} requests: {failed[0]!r}")
         return run_metrics(out, sent, len(prompts), max_new_tokens)
 
+    def profiled_run(self, prompts: list[list[int]], max_new_tokens: int, trace_dir: Path,
+                     wait_s: float = 120) -> float:
+        """One :meth:`timed_run` under SGLang's torch profiler (GPU and CPU activities, no stacks), its trace written
+        into ``trace_dir``; returns the run's wall seconds."""
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        status, answer = self.request("POST", "/start_profile", {"output_dir": str(trace_dir),
+                                                                 "activities": ["CPU", "GPU"], "with_stack": False})
+        if status != 200:
+            raise RuntimeError(f"the {self.impl} server refused /start_profile with {status}: {answer!r}")
+        began = time.perf_counter()
+        self.timed_run(prompts, max_new_tokens)
+        seconds = time.perf_counter() - began
+        self.request("POST", "/stop_profile")
+        deadline = time.perf_counter() + wait_s  # the trace may still be being written: wait until its size holds
+        sizes = None
+        while True:
+            now = {str(f): f.stat().st_size for f in trace_dir.rglob("*.json*")}
+            if now and now == sizes:
+                return seconds
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"the {self.impl} server wrote no complete profiler trace into {trace_dir}")
+            sizes = now
+            time.sleep(2)
+
     def close(self) -> None:
         if self.process.poll() is None:
             for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 30)):
@@ -335,6 +363,15 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
             for impl, runs in timed_runs(servers, batch, vocab, args).items():
                 entry["impls"][impl]["batches"][str(batch)] = summarize(runs)
             save()
+        if args.profile:
+            prompts = random_prompts(vocab, batches[0], args.profile_prompt_len, seed=7)
+            for server in servers:
+                trace_dir = Path(args.traces_out or args.log_dir) / f"profile-{label}-{server.impl}"
+                seconds = server.profiled_run(prompts, args.profile_output_len, trace_dir)
+                entry["impls"][server.impl]["kernels"] = {
+                    "batch": batches[0], "prompt_len": args.profile_prompt_len, "output_len": args.profile_output_len,
+                    "wall_us": round(seconds * 1e6, 1), **kernel_table(trace_dir)}
+                save()
     finally:
         for server in servers:
             server.close()

@@ -43,7 +43,6 @@ greedy agreement with the same engine without drafts.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -55,6 +54,7 @@ from pathlib import Path
 
 from atom_tools.e2e import drafts, driver
 from atom_tools.e2e.driver import AGREEMENT_TOKENS, checkpoint_prompt_vocab, compare_agreement, random_prompts, spread
+from atom_tools.e2e.profile import kernel_table
 from atom_tools.e2e.triton_cache import CompileLog
 
 # Engine arguments a model needs, given to both implementations.  vLLM's own Qwen3-Next and Qwen3.5 take
@@ -232,51 +232,6 @@ class EngineProcess:
 
 
 # ---- the comparison ------------------------------------------------------------------------------------------
-HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function")
-LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
-                "cudaMemcpyAsync", "cudaStreamSynchronize")
-
-
-def kernel_table(profile_dir: Path, top: int = 30) -> dict:
-    """Over the profiler traces under ``profile_dir``: the time the GPU was busy (the union of the kernel
-    intervals), how many kernels, copies and memsets it ran (``gpu_ops``: each one costs a launch gap even inside a
-    CUDA graph), per kernel name ``[name, summed µs, own µs]`` ranked by own time, and how often the host called
-    each CUDA launch entry point of ``LAUNCH_CALLS`` (kernels replayed from a CUDA graph count once, as its
-    ``cudaGraphLaunch``).  A kernel started early by programmatic dependent launch overlaps its predecessor while
-    it waits for it, so its summed duration includes that wait; its own time is only what it adds to the busy
-    time beyond the kernels that started before it (the own times add up to ``busy_us``).  ``host_ops``: the
-    host-side operators and annotations ``[name, count, summed µs]`` ranked by summed time (nested ones overlap):
-    where the wall time beyond the GPU's goes."""
-    totals: dict[str, float] = {}
-    calls: dict[str, int] = {}
-    host: dict[str, list] = {}
-    intervals: list[tuple[float, float, str]] = []
-    for trace in sorted(profile_dir.rglob("*.json*")):
-        with (gzip.open(trace, "rt") if trace.suffix == ".gz" else open(trace)) as f:
-            events = json.load(f).get("traceEvents", [])
-        for e in events:
-            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-                start, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
-                totals[e["name"]] = totals.get(e["name"], 0.0) + dur
-                intervals.append((start, start + dur, e["name"]))
-            elif e.get("cat") == "cuda_runtime" and e.get("name") in LAUNCH_CALLS:
-                calls[e["name"]] = calls.get(e["name"], 0) + 1
-            elif e.get("cat") in HOST_CATEGORIES:
-                seen = host.setdefault(e["name"], [0, 0.0])
-                seen[0] += 1
-                seen[1] += float(e.get("dur", 0.0))
-    own = dict.fromkeys(totals, 0.0)
-    end = float("-inf")
-    for start, stop, name in sorted(intervals):
-        own[name] += max(0.0, stop - max(start, end))
-        end = max(end, stop)
-    ranked = sorted(totals, key=lambda n: (-own[n], -totals[n]))
-    return {"total_us": round(sum(totals.values()), 1), "busy_us": round(sum(own.values()), 1),
-            "gpu_ops": len(intervals), "host_calls": calls,
-            "kernels": [[n[:120], round(totals[n], 1), round(own[n], 1)] for n in ranked[:top]],
-            "host_ops": [[n[:120], c, round(t, 1)] for n, (c, t) in sorted(host.items(), key=lambda kv: -kv[1][1])[:top]]}
-
-
 def reference_quantization(model_dir: Path) -> dict:
     """transformers' loading arguments for the reference of a quantized checkpoint: MXFP4 is dequantized by
     transformers' own reader (its GPU path fetches kernels from the Hub, which the offline GPU machine cannot reach;
@@ -432,13 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="vLLM attention backends to run each implementation with, e.g. default,FLASH_ATTN,TRITON_ATTN,"
                              "CUSTOM (CUSTOM: ATOM's paged attention; default: vLLM's own choice)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    parser.add_argument("--profile", action="store_true", help="kernel times of the first batch size")
-    parser.add_argument("--profile-prompt-len", type=int, default=32,
-                        help="the profiled run's prompt length (default 32 with 64 output tokens: mostly decode steps)")
-    parser.add_argument("--profile-output-len", type=int, default=64)
     parser.add_argument("--reference", action="store_true",
                         help="also score every implementation's agreement outputs with transformers in float32")
-    parser.add_argument("--traces-out", default=None, help="keep the profiler traces in this directory")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="each engine's share of GPU memory (default: 0.85 split evenly between the engines)")
     parser.add_argument("--speculative", type=int, default=0, metavar="N",
