@@ -137,7 +137,7 @@ def test_kernel_table_sums_gpu_time_per_kernel(tmp_path):
     (tmp_path / "rank1.pt.trace.json").write_text(json.dumps({"traceEvents": events[3:]}))
     assert kernel_table(tmp_path) == {"total_us": 10.0, "busy_us": 8.0, "gpu_ops": 4,
                                       "host_calls": {"cudaGraphLaunch": 1, "cudaLaunchKernel": 2},
-                                      "kernels": [["gemm", 5.0, 5.0], ["sum", 4.0, 3.0], ["copy", 1.0, 0.0]],
+                                      "kernels": [["gemm", 5.0, 5.0, 2], ["sum", 4.0, 3.0, 1], ["copy", 1.0, 0.0, 1]],
                                       "host_ops": [["aten::mm", 1, 50.0]]}
 
 

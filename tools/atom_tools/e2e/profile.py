@@ -15,7 +15,7 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
 def kernel_table(profile_dir: Path, top: int = 30) -> dict:
     """Over the profiler traces under ``profile_dir``: the time the GPU was busy (the union of the kernel
     intervals), how many kernels, copies and memsets it ran (``gpu_ops``: each one costs a launch gap even inside a
-    CUDA graph), per kernel name ``[name, summed µs, own µs]`` ranked by own time, and how often the host called
+    CUDA graph), per kernel name ``[name, summed µs, own µs, launches]`` ranked by own time, and how often the host called
     each CUDA launch entry point of ``LAUNCH_CALLS`` (kernels replayed from a CUDA graph count once, as its
     ``cudaGraphLaunch``).  A kernel started early by programmatic dependent launch overlaps its predecessor while
     it waits for it, so its summed duration includes that wait; its own time is only what it adds to the busy
@@ -23,6 +23,7 @@ def kernel_table(profile_dir: Path, top: int = 30) -> dict:
     host-side operators and annotations ``[name, count, summed µs]`` ranked by summed time (nested ones overlap):
     where the wall time beyond the GPU's goes."""
     totals: dict[str, float] = {}
+    counts: dict[str, int] = {}
     calls: dict[str, int] = {}
     host: dict[str, list] = {}
     intervals: list[tuple[float, float, str]] = []
@@ -33,6 +34,7 @@ def kernel_table(profile_dir: Path, top: int = 30) -> dict:
             if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
                 start, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
                 totals[e["name"]] = totals.get(e["name"], 0.0) + dur
+                counts[e["name"]] = counts.get(e["name"], 0) + 1
                 intervals.append((start, start + dur, e["name"]))
             elif e.get("cat") == "cuda_runtime" and e.get("name") in LAUNCH_CALLS:
                 calls[e["name"]] = calls.get(e["name"], 0) + 1
@@ -48,5 +50,14 @@ def kernel_table(profile_dir: Path, top: int = 30) -> dict:
     ranked = sorted(totals, key=lambda n: (-own[n], -totals[n]))
     return {"total_us": round(sum(totals.values()), 1), "busy_us": round(sum(own.values()), 1),
             "gpu_ops": len(intervals), "host_calls": calls,
-            "kernels": [[n[:120], round(totals[n], 1), round(own[n], 1)] for n in ranked[:top]],
+            "kernels": [[n[:120], round(totals[n], 1), round(own[n], 1), counts[n]] for n in ranked[:top]],
             "host_ops": [[n[:120], c, round(t, 1)] for n, (c, t) in sorted(host.items(), key=lambda kv: -kv[1][1])[:top]]}
+
+
+def summary_lines(label: str, impl: str, kernels: dict) -> list[str]:
+    """Two lines of a bench's console table for one profiled run (:func:`kernel_table` plus ``wall_us``)."""
+    k = kernels
+    return [f"{label}: {impl} profiled run {k['wall_us'] / 1e3:.1f} ms wall, GPU busy {k['busy_us'] / 1e3:.1f} ms "
+            f"(kernels summed {k['total_us'] / 1e3:.1f} ms, {k['gpu_ops']} GPU ops), host calls {k['host_calls']}",
+            "  own GPU ms (launches): " + ", ".join(f"{row[0][:40]} {row[2] / 1e3:.2f} ({row[3]})"
+                                                     for row in k["kernels"][:8])]

@@ -61,7 +61,7 @@ from pathlib import Path
 from atom_core import catalog
 from atom_tools.e2e import driver
 from atom_tools.e2e.driver import AGREEMENT_TOKENS, checkpoint_prompt_vocab, compare_agreement, random_prompts, spread
-from atom_tools.e2e.profile import kernel_table
+from atom_tools.e2e.profile import kernel_table, summary_lines
 
 EXTERNAL_PACKAGE = "SGLANG_EXTERNAL_MODEL_PACKAGE"
 IMPLS: dict[str, dict[str, str]] = {"sglang": {}, "atom": {EXTERNAL_PACKAGE: "atom_sglang.models", "ATOM_TAKE_OVER": "all"}}
@@ -431,6 +431,8 @@ def print_table(report: dict) -> None:
                 t, tpot = row["output_tok_per_s"], (row["tpot_ms"] or {}).get("median", float("nan"))
                 print(f"{label:28} {batch:>5} {impl:>8} {t['median']:>10.0f} ({t['min']:.0f}-{t['max']:.0f})"
                       f"{tpot:>8.2f} {row['ttft_ms']['median']:>9.1f} {result['startup_s']:>8.1f}")
+            if "kernels" in result:
+                print("\n".join(summary_lines(label, impl, result["kernels"])))
         if "agreement" in entry:
             print(f"{label}: agreement {entry['agreement']}")
         impls = entry.get("impls", {})

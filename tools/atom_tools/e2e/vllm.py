@@ -54,7 +54,7 @@ from pathlib import Path
 
 from atom_tools.e2e import drafts, driver
 from atom_tools.e2e.driver import AGREEMENT_TOKENS, checkpoint_prompt_vocab, compare_agreement, random_prompts, spread
-from atom_tools.e2e.profile import kernel_table
+from atom_tools.e2e.profile import kernel_table, summary_lines
 from atom_tools.e2e.triton_cache import CompileLog
 
 # Engine arguments a model needs, given to both implementations.  vLLM's own Qwen3-Next and Qwen3.5 take
@@ -451,10 +451,7 @@ def print_table(report: dict) -> None:
                       f"{row['tpot_ms']['median']:>8.2f} {row['ttft_ms']['median']:>9.1f} {result['startup_s']:>8.1f}"
                       f" {'/'.join(map(str, row.get('triton_compiles', []))):>9}")
             if "kernels" in result:
-                k = result["kernels"]
-                print(f"{label}: {impl} profiled run {k['wall_us'] / 1e3:.1f} ms wall, GPU busy {k['busy_us'] / 1e3:.1f} ms "
-                      f"(kernels summed {k['total_us'] / 1e3:.1f} ms, {k['gpu_ops']} GPU ops), host calls {k['host_calls']}")
-                print("  own GPU ms: " + ", ".join(f"{row[0][:40]} {row[-1] / 1e3:.2f}" for row in k["kernels"][:8]))
+                print("\n".join(summary_lines(label, impl, result["kernels"])))
         if "agreement" in entry:
             print(f"{label}: agreement {entry['agreement']}")
         if "against_reference" in entry:
