@@ -68,7 +68,8 @@ MEASURED: tuple[Measured, ...] = (
              "vs 49.8 ms over the profiled run (the 14:52 run on another H100, unprofiled: 0.72x at batch 1)"),
     Measured("vllm", CUDA, "LlamaForCausalLM", 0.992, "bench/results/2026-12-07T2227-h100/vllm-e2e-llama-qwen3-8b.json",
              "Llama-3-8B shape, 8 layers, H100: 1.00x / 0.98x vLLM's output tokens/s at batch 1 / 64, GPU busy 121.2 vs "
-             "117.4 ms over the profiled run (the 19:11 run on another H100: 0.82x / 0.91x)"),
+             "117.4 ms over the profiled run (the 19:11 run on another H100: 0.82x / 0.91x; SmolLM2's real weights, 30 "
+             "layers, H200 2026-12-03 on an older tree: 0.96x / 0.71x, not rerun since)"),
     Measured("vllm", CUDA, "MixtralForCausalLM", 1.024, "bench/results/2026-12-07T2227-h100/vllm-e2e-mixtral-8x7b.json",
              "Mixtral-8x7B shape, 4 layers, H100: 1.09x / 0.96x vLLM's output tokens/s at batch 1 / 64"),
     # SGLang 0.5.17 on one H100 through two HTTP servers (atom_tools.e2e.sglang), random weights of the real shapes,
