@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -202,7 +201,7 @@ def test_profile_runs_each_server_once_after_the_timed_runs(monkeypatch, tmp_pat
     monkeypatch.setattr(FakeServer, "log", [])
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 512}))
     args = bench.parse_args(["--out", str(tmp_path / "o.json"), "--repeats", "1", "--profile",
-                             "--profile-prompt-len", "4", "--profile-output-len", "6"])
+                             "--profile-prompt-len", "4", "--profile-output-len", "6", "--traces-out", str(tmp_path / "t")])
     entry = {"model": "m", "arch": "Qwen3ForCausalLM", "format": "bf16"}
     bench.compare(entry, tmp_path, ["sglang", "atom"], [2, 8], args, [[5, 6, 7]], lambda: None, start_server=FakeServer)
     assert [e for e in FakeServer.log if e[0] == "profiled"] == [("profiled", "sglang", 2, 6), ("profiled", "atom", 2, 6)]
@@ -211,7 +210,7 @@ def test_profile_runs_each_server_once_after_the_timed_runs(monkeypatch, tmp_pat
         kernels = entry["impls"][impl]["kernels"]
         assert (kernels["batch"], kernels["prompt_len"], kernels["output_len"], kernels["wall_us"]) == (2, 4, 6, 500000.0)
         assert kernels["busy_us"] == 7.0 and kernels["kernels"][0][:2] == ["k2", 5.0]  # own time: 4 of its 5 µs
-        assert (Path(args.log_dir) / f"profile-m-bf16-{impl}").is_dir()
+        assert (tmp_path / "t" / f"profile-m-bf16-{impl}").is_dir()  # kept where --traces-out says
 
 
 def test_attention_backends_make_one_server_per_implementation_and_backend(monkeypatch, tmp_path):

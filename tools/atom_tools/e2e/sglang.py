@@ -53,6 +53,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -365,8 +366,9 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
             save()
         if args.profile:
             prompts = random_prompts(vocab, batches[0], args.profile_prompt_len, seed=7)
+            traces = Path(args.traces_out) if args.traces_out else Path(tempfile.mkdtemp(prefix="sglang-traces-"))
             for server in servers:
-                trace_dir = Path(args.traces_out or args.log_dir) / f"profile-{label}-{server.impl}"
+                trace_dir = traces / f"profile-{label}-{server.impl}"
                 seconds = server.profiled_run(prompts, args.profile_output_len, trace_dir)
                 entry["impls"][server.impl]["kernels"] = {
                     "batch": batches[0], "prompt_len": args.profile_prompt_len, "output_len": args.profile_output_len,
