@@ -9,7 +9,8 @@ import pytest
 from atom_tools.e2e import driver
 from atom_tools.e2e import vllm as bench
 from atom_tools.e2e.driver import AGREEMENT_PROMPTS
-from atom_tools.e2e.vllm import compare_agreement, kernel_table, main, reference_quantization, reference_scores, summarize
+from atom_tools.e2e.profile import kernel_table
+from atom_tools.e2e.vllm import compare_agreement, main, reference_quantization, reference_scores, summarize
 
 
 def test_summarize_states_median_and_spread():

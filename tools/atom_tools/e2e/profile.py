@@ -54,6 +54,12 @@ def kernel_table(profile_dir: Path, top: int = 30) -> dict:
             "host_ops": [[n[:120], c, round(t, 1)] for n, (c, t) in sorted(host.items(), key=lambda kv: -kv[1][1])[:top]]}
 
 
+def profiled_record(batch: int, prompt_len: int, output_len: int, seconds: float, profile_dir: Path) -> dict:
+    """What a bench stores for one profiled run: its shape, its wall time and :func:`kernel_table` of its traces."""
+    return {"batch": batch, "prompt_len": prompt_len, "output_len": output_len, "wall_us": round(seconds * 1e6, 1),
+            **kernel_table(profile_dir)}
+
+
 def summary_lines(label: str, impl: str, kernels: dict) -> list[str]:
     """Two lines of a bench's console table for one profiled run (:func:`kernel_table` plus ``wall_us``)."""
     k = kernels

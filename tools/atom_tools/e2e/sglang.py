@@ -62,7 +62,7 @@ from pathlib import Path
 from atom_core import catalog
 from atom_tools.e2e import driver
 from atom_tools.e2e.driver import AGREEMENT_TOKENS, checkpoint_prompt_vocab, compare_agreement, random_prompts, spread
-from atom_tools.e2e.profile import kernel_table, summary_lines
+from atom_tools.e2e.profile import profiled_record, summary_lines
 
 EXTERNAL_PACKAGE = "SGLANG_EXTERNAL_MODEL_PACKAGE"
 IMPLS: dict[str, dict[str, str]] = {"sglang": {}, "atom": {EXTERNAL_PACKAGE: "atom_sglang.models", "ATOM_TAKE_OVER": "all"}}
@@ -370,9 +370,8 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
             for server in servers:
                 trace_dir = traces / f"profile-{label}-{server.impl}"
                 seconds = server.profiled_run(prompts, args.profile_output_len, trace_dir)
-                entry["impls"][server.impl]["kernels"] = {
-                    "batch": batches[0], "prompt_len": args.profile_prompt_len, "output_len": args.profile_output_len,
-                    "wall_us": round(seconds * 1e6, 1), **kernel_table(trace_dir)}
+                entry["impls"][server.impl]["kernels"] = profiled_record(
+                    batches[0], args.profile_prompt_len, args.profile_output_len, seconds, trace_dir)
                 save()
     finally:
         for server in servers:

@@ -54,7 +54,7 @@ from pathlib import Path
 
 from atom_tools.e2e import drafts, driver
 from atom_tools.e2e.driver import AGREEMENT_TOKENS, checkpoint_prompt_vocab, compare_agreement, random_prompts, spread
-from atom_tools.e2e.profile import kernel_table, summary_lines
+from atom_tools.e2e.profile import profiled_record, summary_lines
 from atom_tools.e2e.triton_cache import CompileLog
 
 # Engine arguments a model needs, given to both implementations.  vLLM's own Qwen3-Next and Qwen3.5 take
@@ -368,9 +368,8 @@ def compare(entry: dict, model_dir: Path, impls: list[str], batches: list[int], 
         if args.traces_out:
             shutil.copytree(profile_dirs[impl], Path(args.traces_out) / f"{entry['model']}-{profile_dirs[impl].name}",
                             dirs_exist_ok=True)
-        entry["impls"][impl]["kernels"] = {"batch": batches[0], "prompt_len": args.profile_prompt_len,
-                                           "output_len": args.profile_output_len, "wall_us": round(profiled[impl] * 1e6, 1),
-                                           **kernel_table(profile_dirs[impl])}
+        entry["impls"][impl]["kernels"] = profiled_record(batches[0], args.profile_prompt_len, args.profile_output_len,
+                                                          profiled[impl], profile_dirs[impl])
     if args.reference:
         entry["against_reference"] = reference_scores(model_dir, prompts, agreement)
     save()

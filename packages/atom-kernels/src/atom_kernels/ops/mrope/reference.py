@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from atom_kernels.ops.rotary_embedding.reference import cos_sin, rotated_heads
+from atom_kernels.ops.rotary_embedding.reference import cos_sin, rotated_heads, write_back
 
 
 def check_section(mrope_section: Sequence[int], rotary_dim: int) -> tuple[int, int, int]:
@@ -40,8 +40,7 @@ def mrope_cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrope_se
     check_section(mrope_section, 2 * half)
     if positions.dim() == 1:
         return cos_sin(positions, cos_sin_cache)
-    rows3 = positions.reshape(1, -1).expand(3, -1) if positions.dim() == 1 else positions
-    table = cos_sin_cache.float()[rows3.long()]  # [3, T, rotary_dim]
+    table = cos_sin_cache.float()[positions.long()]  # [3, T, rotary_dim]
     pick = section_rows(mrope_section, interleaved).to(table.device)
     index = pick.view(1, 1, half).expand(1, table.shape[1], half)
     cos = table[..., :half].gather(0, index)[0]
@@ -59,9 +58,5 @@ def rotated(positions, q, k, cos_sin_cache, head_size, mrope_section, interleave
 
 def mrope(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved=False, *,
           q_weight=None, k_weight=None, eps=1e-6, weight_offset=0.0):
-    new = rotated(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved, q_weight=q_weight,
-                  k_weight=k_weight, eps=eps, weight_offset=weight_offset)
-    for x, rotated_x in zip((q, k), new):
-        if x is not None:
-            x.copy_(rotated_x)
-    return q, k
+    return write_back(q, k, rotated(positions, q, k, cos_sin_cache, head_size, mrope_section, interleaved,
+                                    q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset))

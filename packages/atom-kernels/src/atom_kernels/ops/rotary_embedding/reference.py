@@ -47,8 +47,13 @@ def rotated(positions, q, k, cos_sin_cache, head_size, is_neox=True):
     return rotated_heads(q, cos, sin, head_size, is_neox), rotated_heads(k, cos, sin, head_size, is_neox)
 
 
-def rotary_embedding(positions, q, k, cos_sin_cache, head_size, is_neox=True):
-    for x, new in zip((q, k), rotated(positions, q, k, cos_sin_cache, head_size, is_neox)):
+def write_back(q, k, new: tuple) -> tuple:
+    """``(q, k)`` with the out-of-place results ``new`` copied into them (the in-place ops' contract)."""
+    for x, result in zip((q, k), new):
         if x is not None:
-            x.copy_(new)
+            x.copy_(result)
     return q, k
+
+
+def rotary_embedding(positions, q, k, cos_sin_cache, head_size, is_neox=True):
+    return write_back(q, k, rotated(positions, q, k, cos_sin_cache, head_size, is_neox))
